@@ -1,0 +1,1 @@
+"""Executors: ``reference`` (NumPy truth), ``sim`` (discrete-event model), ``cuda`` (real GPU)."""

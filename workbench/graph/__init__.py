@@ -1,0 +1,10 @@
+"""Graph IR: buffers, strided views, ops with declared reads/writes and cost, graphs."""
+
+from .graph import Graph, GraphBuilder, Node
+from .ops import KERNEL_FAMILIES, OPS, OpInfo, op_info
+from .tensor import DTYPES, Buffer, View, contiguous_strides, itemsize
+
+__all__ = [
+    "DTYPES", "KERNEL_FAMILIES", "OPS", "Buffer", "Graph", "GraphBuilder", "Node", "OpInfo", "View",
+    "contiguous_strides", "itemsize", "op_info",
+]

@@ -1,0 +1,135 @@
+"""The op vocabulary (ggml op names) with what each op costs.
+
+An op's reads are its source views and its write is its destination view, so byte ranges come
+from the views. Cost is declared here once (flops and bytes moved) and used by the simulator's
+roofline model, the bandwidth floor of the benchmarks and the model summaries.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from math import prod
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # pragma: no cover
+    from .graph import Node
+
+
+@dataclass(frozen=True)
+class OpInfo:
+    """Static facts about an op: its kernel family (PDL placement and calibration are per
+    family) and its cost functions."""
+
+    name: str
+    family: str
+    flops: Callable[[Node], float]
+    bytes: Callable[[Node], float]
+
+
+def _io_bytes(node: Node) -> float:
+    return float(sum(s.nbytes for s in node.srcs) + node.dst.nbytes)
+
+
+def _elementwise_flops(k: float) -> Callable[[Node], float]:
+    return lambda n: k * n.dst.numel
+
+
+def _mul_mat_flops(n: Node) -> float:
+    w = n.srcs[0]
+    return 2.0 * w.numel * max(1, n.srcs[1].numel // w.shape[-1])
+
+
+def _mul_mat_id_fraction(n: Node) -> float:
+    experts = n.srcs[0].shape[0]
+    used = n.srcs[2].numel
+    return min(1.0, used / experts)
+
+
+def _mul_mat_id_flops(n: Node) -> float:
+    w = n.srcs[0]
+    return 2.0 * (w.numel // w.shape[0]) * n.srcs[2].numel
+
+
+def _mul_mat_id_bytes(n: Node) -> float:
+    return n.srcs[0].nbytes * _mul_mat_id_fraction(n) + n.srcs[1].nbytes + n.dst.nbytes
+
+
+def _add_id_bytes(n: Node) -> float:
+    return n.srcs[0].nbytes + n.srcs[1].nbytes * _mul_mat_id_fraction_bias(n) + n.dst.nbytes
+
+
+def _mul_mat_id_fraction_bias(n: Node) -> float:
+    return min(1.0, n.srcs[2].numel / n.srcs[1].shape[0])
+
+
+def _get_rows_bytes(n: Node) -> float:
+    # reads only the selected rows of the table
+    return 2.0 * n.dst.nbytes + n.srcs[1].nbytes
+
+
+def _set_rows_bytes(n: Node) -> float:
+    # srcs = (rows, row indices): reads the rows, writes one cache row per index
+    return n.srcs[0].nbytes + n.srcs[0].numel * n.dst.itemsize + n.srcs[1].nbytes
+
+
+def _attn_flops(n: Node) -> float:
+    q, k = n.srcs[0], n.srcs[1]
+    n_head, hd = q.shape[-2], q.shape[-1]
+    return 4.0 * n_head * hd * k.shape[0]
+
+
+def _gdn_flops(n: Node) -> float:
+    state = n.srcs[5]
+    return 6.0 * state.numel
+
+
+def _conv_flops(n: Node) -> float:
+    return 2.0 * n.srcs[0].numel
+
+
+OPS: dict[str, OpInfo] = {}
+
+
+def _op(name: str, family: str, flops: Callable[[Node], float], nbytes: Callable[[Node], float] = _io_bytes):
+    OPS[name] = OpInfo(name, family, flops, nbytes)
+
+
+_op("GET_ROWS", "get_rows", lambda n: 0.0, _get_rows_bytes)
+_op("RMS_NORM", "norm", _elementwise_flops(3))
+_op("RMS_NORM_MUL", "norm", _elementwise_flops(4))  # fused rms_norm + mul (rms-norm-mul rewrite)
+_op("L2_NORM", "norm", _elementwise_flops(3))
+_op("NORM_GATED", "norm", _elementwise_flops(8))  # rms_norm(x) * w * silu(z) of the GDN output
+_op("MUL", "elementwise", _elementwise_flops(1))
+_op("ADD", "elementwise", _elementwise_flops(1))
+_op("ADD_ID", "elementwise", _elementwise_flops(1), _add_id_bytes)
+_op("DIV", "elementwise", _elementwise_flops(1))
+_op("SCALE", "elementwise", _elementwise_flops(1))
+_op("SIGMOID", "elementwise", _elementwise_flops(4))
+_op("SOFTPLUS", "elementwise", _elementwise_flops(4))
+_op("SUM_ROWS", "elementwise", lambda n: float(n.srcs[0].numel))
+_op("GLU", "elementwise", _elementwise_flops(6))
+_op("SOFT_MAX", "softmax", _elementwise_flops(5))
+_op("ARGSORT_TOP_K", "softmax", lambda n: float(n.srcs[0].numel * 8))
+_op("ROPE", "rope", _elementwise_flops(6))
+_op("MUL_MAT", "mul_mat", _mul_mat_flops)
+_op("MUL_MAT_ID", "mul_mat", _mul_mat_id_flops, _mul_mat_id_bytes)
+_op("SET_ROWS", "set_rows", lambda n: 0.0, _set_rows_bytes)
+_op("FLASH_ATTN_EXT", "attn", _attn_flops)
+_op("CPY", "copy", lambda n: 0.0)
+_op("SSM_CONV", "gdn", _conv_flops)
+_op("GATED_DELTA_NET", "gdn", _gdn_flops)
+
+KERNEL_FAMILIES: tuple[str, ...] = tuple(sorted({o.family for o in OPS.values()}))
+
+
+def op_info(name: str) -> OpInfo:
+    """Facts for a ggml op name; a clear error for an unknown one."""
+    try:
+        return OPS[name]
+    except KeyError:
+        raise ValueError(f"unknown op {name!r}; known ops: {', '.join(sorted(OPS))}") from None
+
+
+def numel(shape: tuple[int, ...]) -> int:
+    return prod(shape)

@@ -1,0 +1,160 @@
+"""Graph pieces shared by the family builders: norms, attention over the KV cache, FFNs.
+
+Each helper appends ggml-named nodes to a GraphBuilder exactly as llama.cpp's ``build_*``
+helpers do, so every family reads like its llama.cpp graph.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import GraphBuilder, View
+from .config import ModelConfig
+from .rope import rope_params, rotary_dims
+
+
+def rms_norm(b: GraphBuilder, x: View, weight: View, eps: float, name: str, rms_name: str | None = None) -> View:
+    """``norm = rms_norm(x); name = norm * weight`` (two nodes; `rms-norm-mul` may fuse them)."""
+    shape = x.shape
+    normed = b.op("RMS_NORM", rms_name or f"{name}_rms", [x], shape, eps=eps)
+    return b.op("MUL", name, [normed, weight], shape)
+
+
+def linear(b: GraphBuilder, x: View, w: View, name: str, bias: View | None = None) -> View:
+    """``MUL_MAT`` of a [out, in] weight with a [1, in] activation (+ a bias ``ADD``)."""
+    out = b.op("MUL_MAT", name, [w, x], (1, w.shape[0]))
+    if bias is not None:
+        out = b.op("ADD", f"{name}_b", [out, bias.reshape((1, bias.numel))], out.shape)
+    return out
+
+
+class StepInputs:
+    """The host-side inputs of one decode step and the graph's views for them."""
+
+    def __init__(self, b: GraphBuilder, cfg: ModelConfig, n_kv: int, swa: bool = False) -> None:
+        self.tokens = b.input("inp_tokens", (1,), "i32")
+        self.pos = b.input("inp_pos", (1,), "i32")
+        self.kv_idx = b.input("inp_kv_idx", (1,), "i64")
+        self.mask = b.input("kq_mask", (n_kv,), "f32")
+        self.mask_swa = b.input("kq_mask_swa", (n_kv,), "f32") if swa else None
+        inv_freq, attn_factor = rope_params(cfg)
+        self.rope_freqs = b.const("rope_freqs", inv_freq.shape, "f32")
+        b.meta["consts"] = {"rope_freqs": inv_freq}
+        self.rope_attn_factor = attn_factor
+        self.n_rot = rotary_dims(cfg)
+
+
+def step_input_values(graph, token: int, pos: int) -> dict[str, np.ndarray]:
+    """Values the host copies into the graph's inputs before the step at ``pos``."""
+    n_kv = graph.meta["n_kv"]
+    j = np.arange(n_kv)
+    mask = np.where(j <= pos, 0.0, -np.inf).astype(np.float32)
+    out = {
+        "inp_tokens": np.array([token], np.int32),
+        "inp_pos": np.array([pos], np.int32),
+        "inp_kv_idx": np.array([pos], np.int64),
+        "kq_mask": mask,
+    }
+    if "kq_mask_swa" in graph.inputs:
+        window = graph.meta["sliding_window"]
+        out["kq_mask_swa"] = np.where((j <= pos) & (j > pos - window), 0.0, -np.inf).astype(np.float32)
+    return out
+
+
+def attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, q: View, k: View, v: View,
+              n_kv: int, mask: View, sinks: View | None = None) -> View:
+    """RoPE on q/k, store k/v rows into the layer's cache (SET_ROWS), attend over ``n_kv`` rows.
+
+    ``q``: [n_head, hd]; ``k``/``v``: [n_kv_head, hd] (already normed where the family does).
+    Returns the attention output [1, n_head * hd].
+    """
+    n_head, hd = q.shape
+    n_kv_head = k.shape[0]
+    rope = dict(n_rot=inp.n_rot, attn_factor=inp.rope_attn_factor)
+    q = b.op("ROPE", f"Qcur_rope-{il}", [q, inp.pos, inp.rope_freqs], q.shape, **rope)
+    k = b.op("ROPE", f"Kcur_rope-{il}", [k, inp.pos, inp.rope_freqs], k.shape, **rope)
+    row = n_kv_head * hd
+    k_cache = b.cache(f"cache_k_l{il}", (cfg.context, row), cfg.kv_dtype)
+    v_cache = b.cache(f"cache_v_l{il}", (cfg.context, row), cfg.kv_dtype)
+    b.node("SET_ROWS", f"k_cache_store-{il}", [k.reshape((1, row)), inp.kv_idx], [k_cache])
+    b.node("SET_ROWS", f"v_cache_store-{il}", [v.reshape((1, row)), inp.kv_idx], [v_cache])
+    k_view = k_cache.slice(0, 0, n_kv)
+    v_view = v_cache.slice(0, 0, n_kv)
+    k_view = k_view.__class__(k_view.buffer, k_view.offset, (n_kv, n_kv_head, hd),
+                              (k_view.strides[0], hd * k_view.itemsize, k_view.itemsize), k_view.dtype)
+    v_view = v_view.__class__(v_view.buffer, v_view.offset, (n_kv, n_kv_head, hd),
+                              (v_view.strides[0], hd * v_view.itemsize, v_view.itemsize), v_view.dtype)
+    srcs = [q, k_view, v_view, mask] + ([sinks] if sinks is not None else [])
+    return b.op("FLASH_ATTN_EXT", f"kqv_out-{il}", srcs, (1, n_head * hd), scale=float(hd) ** -0.5)
+
+
+def swiglu_ffn(b: GraphBuilder, x: View, prefix: str, il: int, sfx: str = "") -> View:
+    """llama's FFN: ``down(silu(gate(x)) * up(x))`` with HF tensor names under ``prefix``."""
+    gate = linear(b, x, b.weights[f"{prefix}.gate_proj.weight"], f"ffn_gate{sfx}-{il}")
+    up = linear(b, x, b.weights[f"{prefix}.up_proj.weight"], f"ffn_up{sfx}-{il}")
+    act = b.op("GLU", f"ffn_swiglu{sfx}-{il}", [gate, up], gate.shape, glu="swiglu")
+    return linear(b, act, b.weights[f"{prefix}.down_proj.weight"], f"ffn_out{sfx}-{il}")
+
+
+def lm_head(b: GraphBuilder, cfg: ModelConfig, x: View) -> View:
+    """Final norm and the output projection; logits live in an ``output`` buffer."""
+    d, vocab = cfg.get("hidden_size"), cfg.get("vocab_size")
+    norm_w = b.weight("model.norm.weight", (d,), "f32")
+    x = rms_norm(b, x, norm_w, cfg.get("rms_norm_eps"), "result_norm")
+    if cfg.get("tie_word_embeddings", False):
+        w = b.weights["model.embed_tokens.weight"]
+    else:
+        w = b.weight("lm_head.weight", (vocab, d), cfg.weight_dtype)
+    logits = b.op("MUL_MAT", "result_output", [w, x], (1, vocab), kind="output")
+    b.output("logits", logits)
+    return logits
+
+
+def self_attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, x: View, n_kv: int,
+                   qk_norm: bool = False, bias: bool = False, mask: View | None = None,
+                   sinks: bool = False) -> View:
+    """The attention half of a Llama-style layer on the normed input ``x`` ([1, d]).
+
+    ``qk_norm``: Qwen3's per-head RMSNorm of q and k before RoPE; ``bias``: q/k/v/o biases and
+    ``sinks``: learned per-head sink logits (gpt-oss).
+    """
+    d = cfg.get("hidden_size")
+    n_head, n_kv_head, hd = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"), cfg.head_dim
+    wdt = cfg.weight_dtype
+    pre = f"model.layers.{il}.self_attn"
+
+    def proj(name: str, out: int) -> tuple[View, View | None]:
+        w = b.weight(f"{pre}.{name}.weight", (out, d if name != "o_proj" else n_head * hd), wdt)
+        bb = b.weight(f"{pre}.{name}.bias", (out,), "f32") if bias else None
+        return w, bb
+
+    (wq, bq), (wk, bk), (wv, bv) = proj("q_proj", n_head * hd), proj("k_proj", n_kv_head * hd), \
+        proj("v_proj", n_kv_head * hd)
+    q = linear(b, x, wq, f"Qcur-{il}", bq).reshape((n_head, hd))
+    k = linear(b, x, wk, f"Kcur-{il}", bk).reshape((n_kv_head, hd))
+    v = linear(b, x, wv, f"Vcur-{il}", bv).reshape((n_kv_head, hd))
+    if qk_norm:
+        eps = cfg.get("rms_norm_eps")
+        q = rms_norm(b, q, b.weight(f"{pre}.q_norm.weight", (hd,), "f32"), eps, f"Qcur_normed-{il}")
+        k = rms_norm(b, k, b.weight(f"{pre}.k_norm.weight", (hd,), "f32"), eps, f"Kcur_normed-{il}")
+    sink = b.weight(f"{pre}.sinks", (n_head,), "f32") if sinks else None
+    att = attention(b, cfg, inp, il, q, k, v, n_kv, mask if mask is not None else inp.mask, sink)
+    wo, bo = proj("o_proj", d)
+    return linear(b, att, wo, f"attn_out-{il}", bo)
+
+
+def residual_layer_start(b: GraphBuilder, cfg: ModelConfig, il: int, x: View) -> View:
+    """``attn_norm`` of the layer input."""
+    w = b.weight(f"model.layers.{il}.input_layernorm.weight", (cfg.get("hidden_size"),), "f32")
+    return rms_norm(b, x, w, cfg.get("rms_norm_eps"), f"attn_norm-{il}")
+
+
+def ffn_norm(b: GraphBuilder, cfg: ModelConfig, il: int, x: View) -> View:
+    w = b.weight(f"model.layers.{il}.post_attention_layernorm.weight", (cfg.get("hidden_size"),), "f32")
+    return rms_norm(b, x, w, cfg.get("rms_norm_eps"), f"ffn_norm-{il}")
+
+
+def embed(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs) -> View:
+    d, vocab = cfg.get("hidden_size"), cfg.get("vocab_size")
+    table = b.weight("model.embed_tokens.weight", (vocab, d), cfg.weight_dtype)
+    return b.op("GET_ROWS", "inp_embd", [table, inp.tokens], (1, d))

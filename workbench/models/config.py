@@ -1,0 +1,187 @@
+"""Model configurations: presets, Hugging Face ``config.json`` and GGUF metadata.
+
+A ModelConfig keeps the Hugging Face config dict as the single source of truth (so the same
+dict builds our graph and the ``transformers`` model of the parity tests) plus the run-time
+choices the workbench adds: context length, a layer override and storage dtypes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+#: Hugging Face ``model_type`` -> workbench family.
+MODEL_TYPES = {
+    "llama": "llama",
+    "qwen3": "qwen3",
+    "qwen3_moe": "moe",
+    "gpt_oss": "moe",
+    "qwen3_next": "gdn",
+}
+
+#: GGUF ``general.architecture`` -> Hugging Face ``model_type``.
+GGUF_ARCHS = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gpt-oss": "gpt_oss",
+              "qwen3next": "qwen3_next"}
+
+#: ggml pads the KV length it attends over to this many rows so graphs keep their shape.
+KV_PAD = 256
+
+
+class ConfigError(ValueError):
+    """A model configuration the workbench cannot use; the message says what to change."""
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    name: str
+    hf: dict[str, Any] = field(hash=False, compare=False)
+    context: int = 512
+    weight_dtype: str = "f16"
+    kv_dtype: str = "f16"
+
+    @property
+    def model_type(self) -> str:
+        return self.get("model_type")
+
+    @property
+    def family(self) -> str:
+        mt = self.model_type
+        if mt not in MODEL_TYPES:
+            raise ConfigError(f"{self.name}: model_type {mt!r} is not supported; supported: {sorted(MODEL_TYPES)}")
+        return MODEL_TYPES[mt]
+
+    def get(self, key: str, default: Any = ...) -> Any:
+        """A field of the HF config; a clear error names a missing required one."""
+        if key in self.hf and self.hf[key] is not None:
+            return self.hf[key]
+        if default is ...:
+            raise ConfigError(f"config {self.name!r} is missing field {key!r} (needed by the "
+                              f"{self.hf.get('model_type', '?')} builder); add it to config.json")
+        return default
+
+    @property
+    def n_layer(self) -> int:
+        return int(self.get("num_hidden_layers"))
+
+    @property
+    def head_dim(self) -> int:
+        return int(self.get("head_dim", self.get("hidden_size") // self.get("num_attention_heads")))
+
+    def kv_len(self, pos: int) -> int:
+        """Rows of the KV cache a step at ``pos`` attends over (ggml's padded n_kv)."""
+        if pos >= self.context:
+            raise ConfigError(f"position {pos} is past the context ({self.context}); raise --context")
+        return min(self.context, -(-(pos + 1) // KV_PAD) * KV_PAD)
+
+    def with_(self, *, layers: int | None = None, context: int | None = None,
+              weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelConfig:
+        """A copy with run-time overrides (``--layers``, ``--context``)."""
+        hf = dict(self.hf)
+        if layers is not None:
+            if layers < 1:
+                raise ConfigError(f"--layers must be >= 1, got {layers}")
+            hf["num_hidden_layers"] = int(layers)
+            for key in ("layer_types",):
+                if key in hf and hf[key] is not None:
+                    hf[key] = list(hf[key])[:layers]
+        new = replace(self, hf=hf)
+        if context is not None:
+            if context < 1:
+                raise ConfigError(f"--context must be >= 1, got {context}")
+            new = replace(new, context=int(context))
+        if weight_dtype is not None:
+            new = replace(new, weight_dtype=weight_dtype)
+        if kv_dtype is not None:
+            new = replace(new, kv_dtype=kv_dtype)
+        return new
+
+
+def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None, **runtime: Any) -> ModelConfig:
+    """A ModelConfig from a Hugging Face ``config.json`` (path or dict)."""
+    if isinstance(source, dict):
+        hf = dict(source)
+    else:
+        path = Path(source)
+        if path.is_dir():
+            path = path / "config.json"
+        try:
+            hf = json.loads(path.read_text())
+        except FileNotFoundError:
+            raise ConfigError(f"no config.json at {path}") from None
+        except json.JSONDecodeError as e:
+            raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        name = name or path.parent.name
+    if "model_type" not in hf:
+        raise ConfigError(f"config {name or '?'} has no 'model_type'; expected one of {sorted(MODEL_TYPES)}")
+    if hf.get("model_type") not in MODEL_TYPES:
+        raise ConfigError(f"model_type {hf['model_type']!r} is not supported; supported: {sorted(MODEL_TYPES)}")
+    hf.pop("architectures", None)
+    cfg = ModelConfig(name or hf["model_type"], hf)
+    return cfg.with_(**runtime) if runtime else cfg
+
+
+def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
+    """A ModelConfig from a GGUF file's metadata (shapes only; the gguf package reads it)."""
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except FileNotFoundError:
+        raise ConfigError(f"no GGUF file at {path}") from None
+    except Exception as e:  # the gguf package raises plain ValueErrors for bad magic etc.
+        raise ConfigError(f"{path} is not a readable GGUF file: {e}") from None
+
+    def field_value(key: str, default: Any = ...) -> Any:
+        f = reader.fields.get(key)
+        if f is None:
+            if default is ...:
+                raise ConfigError(f"GGUF {path}: metadata key {key!r} is missing")
+            return default
+        return f.contents()
+
+    arch = field_value("general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise ConfigError(f"GGUF {path}: architecture {arch!r} is not supported; supported: {sorted(GGUF_ARCHS)}")
+    p = f"{arch}."
+    n_head = int(field_value(p + "attention.head_count"))
+    hidden = int(field_value(p + "embedding_length"))
+    tokens = reader.fields.get("tokenizer.ggml.tokens")
+    vocab = field_value(p + "vocab_size", len(tokens.data) if tokens is not None else ...)
+    hf: dict[str, Any] = {
+        "model_type": GGUF_ARCHS[arch],
+        "vocab_size": int(vocab),
+        "hidden_size": hidden,
+        "num_hidden_layers": int(field_value(p + "block_count")),
+        "num_attention_heads": n_head,
+        "num_key_value_heads": int(field_value(p + "attention.head_count_kv", n_head)),
+        "head_dim": int(field_value(p + "attention.key_length", hidden // n_head)),
+        "intermediate_size": int(field_value(p + "feed_forward_length", 0)),
+        "rms_norm_eps": float(field_value(p + "attention.layer_norm_rms_epsilon", 1e-6)),
+        "rope_theta": float(field_value(p + "rope.freq_base", 10000.0)),
+        "max_position_embeddings": int(field_value(p + "context_length", 4096)),
+        "tie_word_embeddings": "output.weight" not in {t.name for t in reader.tensors},
+    }
+    if arch in ("qwen3moe", "gpt-oss", "qwen3next"):
+        key = "num_local_experts" if arch == "gpt-oss" else "num_experts"
+        hf[key] = int(field_value(p + "expert_count"))
+        hf["num_experts_per_tok" if arch != "gpt-oss" else "num_experts_per_tok"] = int(field_value(p + "expert_used_count"))
+        hf["moe_intermediate_size"] = int(field_value(p + "expert_feed_forward_length", hf["intermediate_size"]))
+        hf["norm_topk_prob"] = True
+    if arch == "gpt-oss":
+        hf["intermediate_size"] = hf.pop("moe_intermediate_size")
+        hf["sliding_window"] = int(field_value(p + "attention.sliding_window", 128))
+        hf["attention_bias"] = True
+    if arch == "qwen3next":
+        hf["linear_conv_kernel_dim"] = int(field_value(p + "ssm.conv_kernel", 4))
+        hf["linear_key_head_dim"] = int(field_value(p + "ssm.state_size", 128))
+        hf["linear_num_value_heads"] = int(field_value(p + "ssm.time_step_rank", 32))
+        hf["linear_num_key_heads"] = int(field_value(p + "ssm.group_count", 16))
+        inner = int(field_value(p + "ssm.inner_size", hf["linear_num_value_heads"] * 128))
+        hf["linear_value_head_dim"] = inner // hf["linear_num_value_heads"]
+        hf["shared_expert_intermediate_size"] = int(field_value(p + "expert_shared_feed_forward_length", 512))
+        hf["full_attention_interval"] = 4
+    name = str(field_value("general.name", Path(path).stem))
+    cfg = ModelConfig(name, hf)
+    return cfg.with_(**runtime) if runtime else cfg

@@ -1,0 +1,32 @@
+"""Dense Llama decode step (llama.cpp's ``llm_build_llama``), also the base of Qwen3."""
+
+from __future__ import annotations
+
+from ..graph import Graph, GraphBuilder
+from .blocks import StepInputs, embed, ffn_norm, lm_head, residual_layer_start, self_attention, swiglu_ffn
+from .config import ModelConfig
+
+
+def build_dense(cfg: ModelConfig, n_kv: int, qk_norm: bool) -> Graph:
+    """One decode step attending over ``n_kv`` cache rows."""
+    b = GraphBuilder(cfg.name)
+    d, ff = cfg.get("hidden_size"), cfg.get("intermediate_size")
+    inp = StepInputs(b, cfg, n_kv)
+    x = embed(b, cfg, inp)
+    for il in range(cfg.n_layer):
+        cur = residual_layer_start(b, cfg, il, x)
+        cur = self_attention(b, cfg, inp, il, cur, n_kv, qk_norm=qk_norm)
+        ffn_inp = b.op("ADD", f"ffn_inp-{il}", [cur, x], (1, d))
+        cur = ffn_norm(b, cfg, il, ffn_inp)
+        pre = f"model.layers.{il}.mlp"
+        for proj, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
+            b.weight(f"{pre}.{proj}.weight", shape, cfg.weight_dtype)
+        cur = swiglu_ffn(b, cur, pre, il)
+        x = b.op("ADD", f"l_out-{il}", [cur, ffn_inp], (1, d))
+    lm_head(b, cfg, x)
+    b.meta.update(n_kv=n_kv, family=cfg.family)
+    return b.build()
+
+
+def build_llama(cfg: ModelConfig, n_kv: int) -> Graph:
+    return build_dense(cfg, n_kv, qk_norm=False)

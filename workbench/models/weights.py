@@ -1,0 +1,112 @@
+"""Weights: seeded random at a realistic scale, or loaded from safetensors (HF tensor names).
+
+Weights are a dict ``HF name -> numpy array`` in the graph's storage dtype (bf16 as raw
+uint16), so the same dict feeds the reference, the GPU executor and a ``transformers`` model.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+from ..graph import Graph, View
+from .config import ConfigError
+
+
+def to_bf16(x: np.ndarray) -> np.ndarray:
+    """float32 -> bf16 bits (round to nearest even), stored as uint16."""
+    u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
+    return ((u + 0x7FFF + ((u >> 16) & 1)) >> 16).astype(np.uint16)
+
+
+def from_bf16(u: np.ndarray) -> np.ndarray:
+    return (u.astype(np.uint32) << 16).view(np.float32)
+
+
+def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
+    """float array -> the storage numpy array of a workbench dtype."""
+    if dtype == "bf16":
+        return to_bf16(x)
+    return np.asarray(x).astype({"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}[dtype])
+
+
+def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
+    return from_bf16(x) if dtype == "bf16" else np.asarray(x, dtype=np.float32)
+
+
+def _init(name: str, view: View, rng: np.random.Generator) -> np.ndarray:
+    """Scale chosen so activations stay O(1) through any depth: norm weights near 1, linear
+    weights ~ N(0, 1/fan_in) damped for the residual-writing projections."""
+    shape = view.shape
+    leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else name.rsplit(".", 1)[-1]
+    if name.endswith("norm.weight") or leaf.endswith("norm") or leaf.endswith("layernorm"):
+        if "qwen3_next_norm_zero_centered" in name:  # pragma: no cover - hook for (1+w) norms
+            return rng.normal(0, 0.02, shape)
+        return 1.0 + rng.normal(0, 0.05, shape)
+    if name.endswith(".bias") or leaf == "sinks":
+        return rng.normal(0, 0.1, shape)
+    if leaf == "embed_tokens":
+        return rng.normal(0, 1.0, shape)
+    fan_in = shape[-1]
+    scale = 1.0 / np.sqrt(fan_in)
+    if leaf in ("o_proj", "down_proj", "out_proj") or name.endswith("down_proj"):
+        scale *= 0.5
+    return rng.normal(0, scale, shape)
+
+
+def random_weights(graph: Graph, seed: int = 0, overrides=None) -> dict[str, np.ndarray]:
+    """Seeded random weights for every weight tensor of ``graph`` in its storage dtype.
+
+    ``overrides``: optional ``name -> float array`` for families whose parameters need a
+    specific distribution (e.g. GDN's A_log); applied before the dtype cast."""
+    out: dict[str, np.ndarray] = {}
+    for name, view in sorted(graph.weights.items()):
+        rng = np.random.default_rng([seed, _stable_hash(name)])
+        init = _init(name, view, rng)
+        if overrides is not None and name in overrides:
+            init = overrides[name](rng, view.shape)
+        out[name] = to_storage(np.asarray(init, np.float32), view.dtype)
+    return out
+
+
+def _stable_hash(s: str) -> int:
+    h = 2166136261
+    for ch in s.encode():
+        h = ((h ^ ch) * 16777619) & 0xFFFFFFFF
+    return h
+
+
+def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict[str, np.ndarray]:
+    """Weights for ``graph`` from safetensors files with Hugging Face names, cast to the graph's
+    storage dtypes. A missing or mis-shaped tensor is a clear error naming it and both shapes."""
+    from safetensors import safe_open
+
+    files = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
+    files = [f for p in files for f in (sorted(p.glob("*.safetensors")) if p.is_dir() else [p])]
+    if not files:
+        raise ConfigError(f"no .safetensors files found in {paths}")
+    found: dict[str, np.ndarray] = {}
+    for f in files:
+        with safe_open(str(f), framework="numpy") as fh:
+            for key in fh.keys():
+                if key in graph.weights:
+                    found[key] = fh.get_tensor(key)
+    out: dict[str, np.ndarray] = {}
+    for name, view in graph.weights.items():
+        if name not in found:
+            raise ConfigError(f"safetensors {', '.join(map(str, files))}: tensor {name!r} is missing "
+                              f"(expected shape {list(view.shape)})")
+        arr = found[name]
+        if tuple(arr.shape) != tuple(view.shape):
+            raise ConfigError(f"safetensors tensor {name!r} has shape {list(arr.shape)}, "
+                              f"the graph expects {list(view.shape)}")
+        out[name] = to_storage(arr.astype(np.float32), view.dtype)
+    return out
+
+
+def save_safetensors(weights: dict[str, np.ndarray], graph: Graph, path: str | Path) -> None:
+    """Write weights as float32 safetensors with HF names (tests, notebooks)."""
+    from safetensors.numpy import save_file
+
+    save_file({k: to_float32(v, graph.weights[k].dtype) for k, v in weights.items()}, str(path))
