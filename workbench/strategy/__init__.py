@@ -1,0 +1,20 @@
+"""Strategies (every knob) and their compilation to a Plan."""
+
+from .plan import HOST_OPS, Allocation, HostOp, Launch, Plan
+from .strategy import (
+    ALL_ON,
+    ALLOCATORS,
+    FUSIONS,
+    PDL_TRIGGERS,
+    PDL_WAITS,
+    STREAM_MODES,
+    SYNC_MODES,
+    Strategy,
+    StrategyError,
+    UnsafeStrategyWarning,
+)
+
+__all__ = [
+    "ALLOCATORS", "ALL_ON", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES", "SYNC_MODES",
+    "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning",
+]

@@ -1,0 +1,103 @@
+"""The Trace: one event table whatever the source (simulator, CUPTI, nsys SQLite, Chrome JSON).
+
+Columns follow DESIGN.md; rows are named as Nsight Systems names them (``CUDA API`` for the
+host thread's API calls, ``Stream N`` for device work, ``NVTX`` for markers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+KINDS = ("api", "kernel", "memcpy", "memset", "sync", "marker")
+
+#: column -> dtype. ``stream``/``corr_id``/``token`` are -1 where not applicable; ``node`` is ""
+#: for events without a graph node. ``graph_id`` > 0 marks work replayed from a CUDA graph.
+COLUMNS: dict[str, str] = {
+    "row": "object",
+    "kind": "object",
+    "name": "object",
+    "start_ns": "int64",
+    "end_ns": "int64",
+    "stream": "int64",
+    "corr_id": "int64",
+    "token": "int64",
+    "node": "object",
+    "bytes": "int64",
+    "copy_kind": "object",   # "H2D", "D2H", "D2D" for memcpy, "" otherwise
+    "graph_id": "int64",
+    "tid": "int64",          # host thread id for api/marker rows, -1 otherwise
+}
+
+API_ROW = "CUDA API"
+MARKER_ROW = "NVTX"
+
+
+def stream_row(stream: int) -> str:
+    return f"Stream {stream}"
+
+
+class TraceError(ValueError):
+    """A trace (file or table) that does not fit the schema; says what was expected."""
+
+
+@dataclass
+class Trace:
+    """An event table plus what produced it (``source``: sim, cupti, nsys, chrome, ...)."""
+
+    events: pd.DataFrame
+    meta: dict[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.events = normalize(self.events)
+
+    @staticmethod
+    def from_records(records: list[dict[str, Any]], **meta: Any) -> Trace:
+        return Trace(pd.DataFrame.from_records(records), dict(meta))
+
+    def __len__(self) -> int:
+        return len(self.events)
+
+    @property
+    def span_ns(self) -> int:
+        if self.events.empty:
+            return 0
+        return int(self.events["end_ns"].max() - self.events["start_ns"].min())
+
+    def of_kind(self, *kinds: str) -> pd.DataFrame:
+        return self.events[self.events["kind"].isin(kinds)]
+
+    def tokens(self) -> list[int]:
+        t = self.events["token"]
+        return sorted(int(x) for x in t[t >= 0].unique())
+
+
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
+    """Fill optional columns, enforce dtypes, check required ones and value ranges, sort by start."""
+    required = ("row", "kind", "name", "start_ns", "end_ns")
+    missing = [c for c in required if c not in df.columns]
+    if missing:
+        raise TraceError(f"trace table is missing column(s) {missing}; required: {list(required)}")
+    df = df.copy()
+    defaults = {"stream": -1, "corr_id": -1, "token": -1, "node": "", "bytes": 0, "copy_kind": "",
+                "graph_id": 0, "tid": -1}
+    for col, default in defaults.items():
+        if col not in df.columns:
+            df[col] = default
+        else:
+            df[col] = df[col].fillna(default) if df[col].dtype == object or df[col].isna().any() else df[col]
+    bad = sorted(set(df["kind"]) - set(KINDS))
+    if bad:
+        raise TraceError(f"unknown event kind(s) {bad}; expected {list(KINDS)}")
+    for col, dtype in COLUMNS.items():
+        df[col] = df[col].astype(dtype) if dtype != "object" else df[col].astype(str)
+    if (df["end_ns"] < df["start_ns"]).any():
+        n = int((df["end_ns"] < df["start_ns"]).sum())
+        raise TraceError(f"{n} event(s) end before they start")
+    extra = [c for c in df.columns if c not in COLUMNS]
+    df = df[list(COLUMNS) + extra]
+    order = np.lexsort((df["end_ns"].to_numpy(), df["start_ns"].to_numpy()))
+    return df.iloc[order].reset_index(drop=True)
