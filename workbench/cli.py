@@ -1,45 +1,40 @@
-"""``workbench`` command line."""
+"""``workbench`` command line. Each subcommand lives beside the code it drives; a module
+provides ``configure(parser)`` and ``main(args) -> exit code``."""
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
+from importlib import import_module
 
-
-def _run(args: argparse.Namespace) -> int:
-    import numpy as np
-
-    from .exec.reference import run_reference
-    from .models import build_graph, load_config
-    from .models.weights import random_weights
-
-    cfg = load_config(args.model, layers=args.layers, context=args.context)
-    weights = random_weights(build_graph(cfg), args.seed)
-    tokens = list(np.random.default_rng(args.seed).integers(0, cfg.get("vocab_size"), args.tokens))
-    run = run_reference(cfg, weights, tokens)
-    out = {"model": cfg.name, "backend": "reference", "tokens": len(tokens),
-           "logits_finite": bool(np.isfinite(run.logits).all())}
-    print(json.dumps(out) if args.json else out)
-    return 0
+#: subcommand -> (module, one-line help)
+COMMANDS = {
+    "run": ("workbench.bench", "run decode steps of a model under a strategy (sim, cuda or reference)"),
+    "verify": ("workbench.verify.cli", "prove a Plan race-free (happens-before analysis)"),
+    "view": ("workbench.view.cli", "draw, summarise or convert a trace file"),
+    "calibrate": ("workbench.exec.calibrate", "measure the simulator's cost model on this GPU"),
+    "lab": ("workbench.view.lab", "open JupyterLab on the notebooks"),
+}
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="workbench", description=__doc__)
+    p = argparse.ArgumentParser(prog="workbench", description="GPU scheduling workbench for LLM decode steps")
     sub = p.add_subparsers(dest="cmd", required=True)
-    r = sub.add_parser("run", help="run decode steps of a model under a strategy")
-    r.add_argument("--model", required=True)
-    r.add_argument("--layers", type=int)
-    r.add_argument("--context", type=int)
-    r.add_argument("--tokens", type=int, default=8)
-    r.add_argument("--seed", type=int, default=0)
-    r.add_argument("--json", action="store_true")
-    r.set_defaults(fn=_run)
+    modules = {}
+    for name, (mod_name, help_) in COMMANDS.items():
+        try:
+            mod = import_module(mod_name)
+        except ModuleNotFoundError as e:
+            if e.name and e.name.startswith("workbench"):
+                continue  # subcommand not built yet
+            raise
+        modules[name] = mod
+        mod.configure(sub.add_parser(name, help=help_, description=help_))
     args = p.parse_args(argv)
     try:
-        return args.fn(args)
-    except ValueError as e:
-        print(f"workbench: error: {e}", file=sys.stderr)
+        return int(modules[args.cmd].main(args) or 0)
+    except (ValueError, RuntimeError, FileNotFoundError) as e:
+        print(f"workbench {args.cmd}: error: {e}", file=sys.stderr)
         return 2
 
 
