@@ -220,3 +220,4 @@ def op_attn(node: Node, mem: Memory) -> None:
 @numpy_op("CPY")
 def op_cpy(node: Node, mem: Memory) -> None:
     _out(node, mem, _src(node, mem, 0))
+from . import reference_gdn  # noqa: E402,F401  (registers the gated-delta-net ops)

@@ -166,7 +166,7 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     if arch in ("qwen3moe", "gpt-oss", "qwen3next"):
         key = "num_local_experts" if arch == "gpt-oss" else "num_experts"
         hf[key] = int(field_value(p + "expert_count"))
-        hf["num_experts_per_tok" if arch != "gpt-oss" else "num_experts_per_tok"] = int(field_value(p + "expert_used_count"))
+        hf["num_experts_per_tok"] = int(field_value(p + "expert_used_count"))
         hf["moe_intermediate_size"] = int(field_value(p + "expert_feed_forward_length", hf["intermediate_size"]))
         hf["norm_topk_prob"] = True
     if arch == "gpt-oss":
