@@ -35,20 +35,21 @@ def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
     return from_bf16(x) if dtype == "bf16" else np.asarray(x, dtype=np.float32)
 
 
-def _init(name: str, view: View, rng: np.random.Generator) -> np.ndarray:
+def _init(name: str, view: View, rng: np.random.Generator, fan_in: int | None = None) -> np.ndarray:
     """Scale chosen so activations stay O(1) through any depth: norm weights near 1, linear
-    weights ~ N(0, 1/fan_in) damped for the residual-writing projections."""
+    weights ~ N(0, 1/fan_in) damped for the residual-writing projections. ``fan_in`` defaults
+    to the last axis ([out, in] layout); builders name the others in ``meta['weight_fan_in']``."""
     shape = view.shape
     leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else name.rsplit(".", 1)[-1]
     if name.endswith("norm.weight") or leaf.endswith("norm") or leaf.endswith("layernorm"):
         if "qwen3_next_norm_zero_centered" in name:  # pragma: no cover - hook for (1+w) norms
             return rng.normal(0, 0.02, shape)
         return 1.0 + rng.normal(0, 0.05, shape)
-    if name.endswith(".bias") or leaf == "sinks":
+    if name.endswith((".bias", "_proj_bias")) or leaf == "sinks":
         return rng.normal(0, 0.1, shape)
     if leaf == "embed_tokens":
         return rng.normal(0, 1.0, shape)
-    fan_in = shape[-1]
+    fan_in = fan_in or shape[-1]
     scale = 1.0 / np.sqrt(fan_in)
     if leaf in ("o_proj", "down_proj", "out_proj") or name.endswith("down_proj"):
         scale *= 0.5
@@ -61,9 +62,10 @@ def random_weights(graph: Graph, seed: int = 0, overrides=None) -> dict[str, np.
     ``overrides``: optional ``name -> float array`` for families whose parameters need a
     specific distribution (e.g. GDN's A_log); applied before the dtype cast."""
     out: dict[str, np.ndarray] = {}
+    fan_ins = graph.meta.get("weight_fan_in", {})
     for name, view in sorted(graph.weights.items()):
         rng = np.random.default_rng([seed, _stable_hash(name)])
-        init = _init(name, view, rng)
+        init = _init(name, view, rng, fan_ins.get(name))
         if overrides is not None and name in overrides:
             init = overrides[name](rng, view.shape)
         out[name] = to_storage(np.asarray(init, np.float32), view.dtype)
