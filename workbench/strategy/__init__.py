@@ -1,5 +1,6 @@
 """Strategies (every knob) and their compilation to a Plan."""
 
+from .compile import compile_plan
 from .plan import HOST_OPS, Allocation, HostOp, Launch, Plan
 from .strategy import (
     ALL_ON,
@@ -16,5 +17,5 @@ from .strategy import (
 
 __all__ = [
     "ALLOCATORS", "ALL_ON", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES", "SYNC_MODES",
-    "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning",
+    "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning", "compile_plan",
 ]

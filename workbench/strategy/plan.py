@@ -66,16 +66,28 @@ class HostOp:
 
 @dataclass(frozen=True)
 class Allocation:
-    """Where each scratch buffer lives in the arena, and the footprint of each policy."""
+    """Where each scratch buffer lives in the arena, and the footprint of each policy.
+
+    ``offsets``/``sizes``: byte offset and reserved (aligned) size of each scratch buffer of
+    the source graph inside the arena buffer ``arena`` (the Plan's graph views are rebased
+    onto it, so reuse shows up as overlapping byte ranges). ``buffers_at`` maps arena bytes
+    back to the model's buffer names (for race reports).
+    """
 
     policy: str
     offsets: dict[str, int]
     arena_bytes: int
     persistent_bytes: int
+    sizes: dict[str, int] = field(default_factory=dict)
+    arena: str = "arena"
 
     @property
     def total_bytes(self) -> int:
         return self.arena_bytes + self.persistent_bytes
+
+    def buffers_at(self, lo: int, hi: int) -> list[str]:
+        """Scratch buffers whose reserved range overlaps arena bytes ``[lo, hi)``."""
+        return [b for b, off in self.offsets.items() if off < hi and lo < off + self.sizes.get(b, 0)]
 
 
 @dataclass

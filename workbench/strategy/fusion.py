@@ -1,0 +1,157 @@
+"""Graph rewrites selected by ``Strategy.fusion``: ``rms-norm-mul`` and generic copy elimination.
+
+Each pass is a pure function Graph -> (Graph, removed node names). Node names survive a
+rewrite (the fused node takes the MUL's name, a copy-eliminated producer keeps its own), so
+stream forks, traces and the race report still speak the model's vocabulary.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+
+from ..graph import Graph, Node, View
+from .deps import accesses_by_buffer, readers_of, touchers_between
+
+
+def with_nodes(graph: Graph, nodes: list[Node]) -> Graph:
+    """The same graph (tables shared, meta copied) over a new node list."""
+    return Graph(graph.name, nodes, graph.inputs, graph.outputs, graph.weights, graph.caches,
+                 graph.consts, dict(graph.meta))
+
+
+def _output_buffers(graph: Graph) -> set[str]:
+    return {v.buffer.name for v in graph.outputs.values()}
+
+
+def fuse_rms_norm_mul(graph: Graph) -> tuple[Graph, list[str]]:
+    """``RMS_NORM`` whose result is read only by one ``MUL`` -> one ``RMS_NORM_MUL`` (x, w).
+
+    The fused node sits at the MUL's position and takes its name and output; it is skipped when
+    a node in between writes the norm's input or the MUL's other operand (the fused kernel
+    reads them later than the RMS_NORM did).
+    """
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = _output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "RMS_NORM" or len(n.outs) != 1:
+            continue
+        r = n.dst
+        if r.buffer.kind != "act" or r.buffer.name in outputs:
+            continue
+        users = readers_of(nodes, index, r, i)
+        if len(users) != 1 or nodes[users[0]].op != "MUL" or users[0] in replace:
+            continue
+        j = users[0]
+        m = nodes[j]
+        hits = [k for k, s in enumerate(m.srcs) if s.overlaps(r)]
+        if len(hits) != 1 or m.srcs[hits[0]] != r:
+            continue
+        other = m.srcs[1 - hits[0]]
+        x = n.srcs[0]
+        if touchers_between(index, x, i, j, writes_only=True) or touchers_between(index, other, i, j, True):
+            continue
+        replace[j] = Node(m.name, "RMS_NORM_MUL", (x, other), m.outs, {**n.params, **m.params})
+        drop.add(i)
+    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
+    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
+
+
+def _redirect(out: View, src: View, dst: View) -> View | None:
+    """The view the producer must write so that ``CPY(src -> dst)`` becomes a no-op, or None.
+
+    ``src`` must read the producer's output ``out`` element for element (the same view, or a
+    contiguous reshape of it) and ``dst`` must hold the same dtype and element count.
+    """
+    if out.dtype != dst.dtype or out.numel != dst.numel or src.dtype != out.dtype:
+        return None
+    same = src == out or (src.buffer.name == out.buffer.name and src.offset == out.offset
+                          and src.numel == out.numel and src.is_contiguous and out.is_contiguous)
+    if not same:
+        return None
+    if dst.shape == out.shape:
+        return dst
+    if dst.is_contiguous:
+        return dst.reshape(out.shape)
+    return None
+
+
+def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
+    """The generic rule of seed 002's review, for any op.
+
+    An op output used exactly once, by a ``CPY`` into a view, is redirected: the op writes
+    straight into that view with its strides and the CPY node disappears. Safe only when
+    (a) the output is scratch and nothing else reads any of its bytes, (b) the destination
+    has the same dtype and element count, (c) no node between the op and the CPY reads or
+    writes the destination (the write moves earlier), and (d) the destination overlaps none
+    of the op's own inputs or other outputs (kernels assume distinct input and output memory).
+    The producer records the eliminated copies in ``params['cpy_eliminated']``.
+    """
+    removed: list[str] = []
+    nodes = list(graph.nodes)
+    outputs = _output_buffers(graph)
+    changed = True
+    while changed:
+        changed = False
+        index = accesses_by_buffer(nodes)
+        touched: set[int] = set()
+        replace: dict[int, Node] = {}
+        drop: set[int] = set()
+        for ci, c in enumerate(nodes):
+            if c.op != "CPY" or len(c.srcs) != 1 or len(c.outs) != 1:
+                continue
+            src, dst = c.srcs[0], c.dst
+            writers = sorted({a.node for a in index.get(src.buffer.name, ())
+                              if a.write and a.node < ci and a.view.overlaps(src)})
+            if len(writers) != 1:
+                continue
+            pi = writers[0]
+            if pi in touched or ci in touched:
+                changed = True  # revisit on the next pass with a fresh index
+                continue
+            p = replace.get(pi, nodes[pi])
+            ks = [k for k, o in enumerate(p.outs) if o.overlaps(src)]
+            if len(ks) != 1:
+                continue
+            k = ks[0]
+            out = p.outs[k]
+            if out.buffer.kind != "act" or out.buffer.name in outputs:
+                continue
+            if readers_of(nodes, index, out, pi) != [ci]:
+                continue
+            new_out = _redirect(out, src, dst)
+            if new_out is None:
+                continue
+            if any(new_out.overlaps(v) for v in (*p.srcs, *(o for j, o in enumerate(p.outs) if j != k))):
+                continue
+            if touchers_between(index, dst, pi, ci):
+                continue
+            outs = tuple(new_out if j == k else o for j, o in enumerate(p.outs))
+            done = tuple(p.params.get("cpy_eliminated", ())) + (c.name,)
+            replace[pi] = Node(p.name, p.op, p.srcs, outs, {**p.params, "cpy_eliminated": done})
+            drop.add(ci)
+            touched.update((pi, ci))
+            removed.append(c.name)
+        if replace or drop:
+            nodes = [replace.get(i, n) for i, n in enumerate(nodes) if i not in drop]
+    return with_nodes(graph, nodes), removed
+
+
+#: Strategy.fusion name -> rewrite, applied in this order.
+PASSES: dict[str, Callable[[Graph], tuple[Graph, list[str]]]] = {
+    "rms-norm-mul": fuse_rms_norm_mul,
+    "copy-elim": eliminate_copies,
+}
+
+
+def apply_fusions(graph: Graph, names: Iterable[str]) -> tuple[Graph, list[str]]:
+    """Run the selected passes in PASSES order; returns the graph and every removed node name."""
+    wanted = set(names)
+    removed: list[str] = []
+    for name, fn in PASSES.items():
+        if name in wanted:
+            graph, gone = fn(graph)
+            removed.extend(gone)
+    return graph, removed
