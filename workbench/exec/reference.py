@@ -14,6 +14,7 @@ import numpy as np
 from ..graph import Graph
 from ..models import ModelConfig, build_graph
 from ..models.blocks import step_input_values
+from ..models.weights import device_weight
 from .memory import Memory
 from .reference_ops import NUMPY_OPS
 
@@ -32,7 +33,7 @@ def load_static(graph: Graph, mem: Memory, weights: dict[str, np.ndarray]) -> No
     for name, view in graph.weights.items():
         if name not in weights:
             raise KeyError(f"no weight {name!r} supplied")
-        mem.load(view, weights[name])
+        mem.load(view, device_weight(graph, name, weights[name]))
     for name, value in graph.meta.get("consts", {}).items():
         mem.write(graph.consts[name], value)
 

@@ -168,7 +168,8 @@ def op_rope(node: Node, mem: Memory) -> None:
 @numpy_op("MUL_MAT")
 def op_mul_mat(node: Node, mem: Memory) -> None:
     w, x = _src(node, mem, 0), _src(node, mem, 1)
-    _out(node, mem, x @ w.T)
+    # an N-d weight view (rows picked out of a fused HF tensor) flattens to [out, in]
+    _out(node, mem, x @ w.reshape(-1, w.shape[-1]).T)
 
 
 @numpy_op("MUL_MAT_ID")

@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # pragma: no cover
     from .graph import Node
+    from .tensor import View
 
 
 @dataclass(frozen=True)
@@ -79,13 +80,26 @@ def _attn_flops(n: Node) -> float:
     return 4.0 * n_head * hd * k.shape[0]
 
 
+def _unique_bytes(v: View) -> int:
+    """Bytes a view really covers (a stride-0 broadcast view reads its bytes once)."""
+    return sum(hi - lo for lo, hi in v.intervals())
+
+
+def _multi_out_bytes(n: Node) -> float:
+    """Sources read once plus every output (the GDN ops also write a state snapshot)."""
+    return float(sum(_unique_bytes(s) for s in n.srcs) + sum(o.nbytes for o in n.outs))
+
+
 def _gdn_flops(n: Node) -> float:
+    # srcs = (q, k, v, g, beta, state [H_v, d_k, d_v]): per state element decay (1),
+    # S^T k (2), rank-1 update (2) and S^T q (2)
     state = n.srcs[5]
-    return 6.0 * state.numel
+    return 7.0 * state.numel
 
 
 def _conv_flops(n: Node) -> float:
-    return 2.0 * n.srcs[0].numel
+    # srcs = (conv state, x, kernel [channels, d_conv]): one multiply-add per kernel tap
+    return 2.0 * n.srcs[2].numel
 
 
 OPS: dict[str, OpInfo] = {}
@@ -117,8 +131,9 @@ _op("MUL_MAT_ID", "mul_mat", _mul_mat_id_flops, _mul_mat_id_bytes)
 _op("SET_ROWS", "set_rows", lambda n: 0.0, _set_rows_bytes)
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)
-_op("SSM_CONV", "gdn", _conv_flops)
-_op("GATED_DELTA_NET", "gdn", _gdn_flops)
+_op("SILU", "elementwise", _elementwise_flops(4))
+_op("SSM_CONV", "gdn", _conv_flops, _multi_out_bytes)
+_op("GATED_DELTA_NET", "gdn", _gdn_flops, _multi_out_bytes)
 
 KERNEL_FAMILIES: tuple[str, ...] = tuple(sorted({o.family for o in OPS.values()}))
 

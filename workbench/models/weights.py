@@ -60,7 +60,9 @@ def random_weights(graph: Graph, seed: int = 0, overrides=None) -> dict[str, np.
     """Seeded random weights for every weight tensor of ``graph`` in its storage dtype.
 
     ``overrides``: optional ``name -> float array`` for families whose parameters need a
-    specific distribution (e.g. GDN's A_log); applied before the dtype cast."""
+    specific distribution (e.g. GDN's A_log); applied before the dtype cast. A builder may
+    put its own in ``graph.meta["weight_init"]``; explicit ``overrides`` win."""
+    overrides = {**graph.meta.get("weight_init", {}), **(overrides or {})}
     out: dict[str, np.ndarray] = {}
     fan_ins = graph.meta.get("weight_fan_in", {})
     for name, view in sorted(graph.weights.items()):
@@ -70,6 +72,25 @@ def random_weights(graph: Graph, seed: int = 0, overrides=None) -> dict[str, np.
             init = overrides[name](rng, view.shape)
         out[name] = to_storage(np.asarray(init, np.float32), view.dtype)
     return out
+
+
+#: Load-time transforms llama.cpp's GGUF converter bakes into some tensors (Qwen3-Next stores
+#: its zero-centred norm weights as ``1 + w`` and ``A_log`` as ``A = -exp(A_log)``), so the graph
+#: runs plain RMS_NORM + MUL and ``softplus(..) * A`` while the weights dict keeps HF values.
+WEIGHT_FOLDS = {
+    "one_plus": lambda w: 1.0 + w,
+    "neg_exp": lambda w: -np.exp(w),
+}
+
+
+def device_weight(graph: Graph, name: str, storage: np.ndarray) -> np.ndarray:
+    """What the graph's tensor ``name`` holds for the HF-valued ``storage`` (storage dtype):
+    the value with the fold of ``graph.meta["weight_folds"]`` applied, if any."""
+    fold = graph.meta.get("weight_folds", {}).get(name)
+    if fold is None:
+        return storage
+    dtype = graph.weights[name].dtype
+    return to_storage(WEIGHT_FOLDS[fold](to_float32(storage, dtype)).astype(np.float32), dtype)
 
 
 def _stable_hash(s: str) -> int:
