@@ -30,6 +30,8 @@ COLUMNS: dict[str, str] = {
     "copy_kind": "object",   # "H2D", "D2H", "D2D" for memcpy, "" otherwise
     "graph_id": "int64",
     "tid": "int64",          # host thread id for api/marker rows, -1 otherwise
+    "pid": "int64",          # process id (host rows, and device work it launched), -1 if unknown
+    "device": "int64",       # GPU index for device work (Stream rows), -1 otherwise
 }
 
 API_ROW = "CUDA API"
@@ -83,7 +85,7 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
         raise TraceError(f"trace table is missing column(s) {missing}; required: {list(required)}")
     df = df.copy()
     defaults = {"stream": -1, "corr_id": -1, "token": -1, "node": "", "bytes": 0, "copy_kind": "",
-                "graph_id": 0, "tid": -1}
+                "graph_id": 0, "tid": -1, "pid": -1, "device": -1}
     for col, default in defaults.items():
         if col not in df.columns:
             df[col] = default
