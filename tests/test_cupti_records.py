@@ -1,0 +1,109 @@
+"""CUPTI records -> Trace without a GPU: tokens from host marks, nodes matched inside graph replay."""
+
+from __future__ import annotations
+
+import pytest
+
+from workbench.models import build_graph, preset
+from workbench.strategy import Strategy, compile_plan
+from workbench.trace.cupti import (
+    KernelSite,
+    api_name,
+    copies_from_plan,
+    kernel_base_name,
+    match_kernels,
+    records_to_trace,
+    sites_from_plan,
+)
+
+
+def test_names_lose_versions_mangling_and_templates() -> None:
+    assert api_name("cudaLaunchKernel_v7000") == "cudaLaunchKernel"
+    assert api_name("cudaMemcpyAsync_v3020_ptsz") == "cudaMemcpyAsync"
+    assert kernel_base_name("_Z8rms_normPKfPfi") == "rms_norm"
+    assert kernel_base_name("_ZN2wb7mul_matEPK6__halfPfi") == "mul_mat"
+    assert kernel_base_name("mul_mat<4, true>") == "mul_mat"
+
+
+def test_same_name_kernels_on_three_streams_map_by_stream_history() -> None:
+    sites = [KernelSite("norm", 0, "rms_norm"), KernelSite("Q", 0, "mul_mat"), KernelSite("K", 1, "mul_mat"),
+             KernelSite("V", 2, "mul_mat"), KernelSite("attn", 0, "attn")]
+    smap: dict[int, int] = {}
+    # token 0: they start in plan order and teach the stream map
+    rec = [dict(name="rms_norm", stream=7), dict(name="mul_mat", stream=7), dict(name="mul_mat", stream=21),
+           dict(name="mul_mat", stream=22), dict(name="attn", stream=7)]
+    assert match_kernels(rec, sites, smap) == ["norm", "Q", "K", "V", "attn"]
+    # token 1: V starts before K and Q; the learned CUDA stream -> plan stream map keeps them apart
+    rec = [dict(name="rms_norm", stream=7), dict(name="mul_mat", stream=22), dict(name="mul_mat", stream=21),
+           dict(name="mul_mat", stream=7), dict(name="attn", stream=7)]
+    assert match_kernels(rec, sites, smap) == ["norm", "V", "K", "Q", "attn"]
+
+
+def test_an_unplanned_kernel_is_left_unnamed_and_a_missing_one_skipped() -> None:
+    sites = [KernelSite("a", 0, "add"), KernelSite("b", 0, "mul"), KernelSite("c", 0, "add")]
+    rec = [dict(name="add"), dict(name="memset_kernel"), dict(name="add")]
+    assert match_kernels(rec, sites) == ["a", "", "c"]
+
+
+def _graph_replay_records(plan, n_tokens: int, node_ids: bool) -> tuple[list[dict], list[tuple[int, int]]]:
+    """What CUPTI reports for ``n_tokens`` graph replays of ``plan`` (per-copy sync), Q/K/V racing."""
+    recs: list[dict] = []
+    marks: list[tuple[int, int]] = []
+    t, corr = 1_000, 100
+    streams = {0: 13, 1: 14, 2: 15}
+    for tok in range(n_tokens):
+        marks.append((tok, t))
+        t += 10
+        for op in plan.host_program:
+            corr += 1
+            if op.kind == "stream_sync":
+                recs.append(dict(src="runtime", name="cudaStreamSynchronize_v3020", start=t, end=t + 300, corr=corr))
+                recs.append(dict(src="sync", name="Stream Synchronize", start=t, end=t + 300, corr=corr, stream=13))
+                t += 400
+            elif op.kind.startswith("memcpy"):
+                recs.append(dict(src="runtime", name=op.api + "_v3020", start=t, end=t + 500, corr=corr))
+                kind = "H2D" if op.kind == "memcpy_h2d" else "D2H"
+                recs.append(dict(src="memcpy", name=f"Memcpy {kind}", start=t + 100, end=t + 200, corr=corr,
+                                 stream=13, bytes=op.nbytes, copy_kind=kind))
+                t += 600
+            elif op.kind == "graph_launch":
+                recs.append(dict(src="runtime", name="cudaGraphLaunch_v10000", start=t, end=t + 2000, corr=corr))
+                k0 = t + 1000
+                # Q/K/V start in reverse order on their streams: V first
+                order = sorted(plan.launches, key=lambda la: (la.index if la.node.op != "MUL_MAT" or la.index > 5
+                                                              else 6 - la.index))
+                for la in order:
+                    recs.append(dict(src="kernel", name=f"_Z{len(la.node.op)}{la.node.op.lower()}Pf", start=k0,
+                                     end=k0 + 800, corr=corr, stream=streams[la.stream], graph_id=1,
+                                     graph_node_id=(50 + 2 * la.index) if node_ids else 0))
+                    k0 += 500
+                t = k0 + 100
+    return recs, marks
+
+
+@pytest.mark.parametrize("node_ids", [True, False], ids=["graph-node-ids", "stream-ids"])
+def test_graph_replay_trace_has_tokens_nodes_rows_and_syncs(node_ids: bool) -> None:
+    plan = compile_plan(build_graph(preset("llama-tiny", layers=1)), Strategy(graphs=True, streams="qkv", pdl=True))
+    sites = sites_from_plan(plan, lambda la: (la.node.op.lower(), None))
+    recs, marks = _graph_replay_records(plan, 3, node_ids)
+    # without graph node ids, the executor's plan stream -> CUDA stream ids tell Q, K and V apart
+    stream_ids = None if node_ids else {0: 13, 1: 14, 2: 15}
+    tr = records_to_trace(recs, marks, sites, copies_from_plan(plan), end_mark=10**9, stream_ids=stream_ids,
+                          gpu="synthetic")
+    ev = tr.events
+    assert tr.tokens() == [0, 1, 2]
+    kern = ev[ev.kind == "kernel"]
+    assert len(kern) == 3 * len(plan.launches) and (kern.node != "").all()
+    for tok in range(3):
+        k = kern[kern.token == tok].set_index("node")
+        assert k.loc["Vcur-0", "stream"] == 15 and k.loc["Kcur-0", "stream"] == 14 and k.loc["Qcur-0", "stream"] == 13
+        assert sorted(k.index) == sorted(la.node.name for la in plan.launches)
+    assert set(kern.row) == {"Stream 13", "Stream 14", "Stream 15"}
+    api = ev[ev.row == "CUDA API"]
+    assert set(api.kind) == {"api", "sync"} and "cudaGraphLaunch" in set(api.name)
+    syncs = api[api.kind == "sync"]
+    assert (syncs.name == "cudaStreamSynchronize").all() and (syncs.stream == 13).all()
+    h2d = ev[(ev.kind == "memcpy") & (ev.copy_kind == "H2D")]
+    assert list(h2d[h2d.token == 0].node) == ["inp_tokens", "inp_pos", "inp_kv_idx", "kq_mask"]
+    # every device event carries its API call's correlation id
+    assert set(ev[ev.kind != "api"].corr_id) <= set(api.corr_id)
