@@ -123,65 +123,111 @@ def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None,
 
 
 def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
-    """A ModelConfig from a GGUF file's metadata (shapes only; the gguf package reads it)."""
-    import gguf
+    """A ModelConfig from a GGUF file's metadata (shapes only; the ``gguf`` package reads it).
 
+    The inverse of llama.cpp's ``convert_hf_to_gguf.py`` for the supported architectures: the
+    keys it writes become the Hugging Face fields our builders (and ``transformers``) read, and
+    what it leaves implicit is filled the way llama.cpp's loader does (gpt-oss: every other
+    layer sliding-window, YaRN rope; qwen3moe: renormalised top-k; a missing ``output.weight``
+    means tied embeddings). Llama-3 GGUFs carry their rope scaling as a ``rope_freqs`` tensor
+    rather than metadata, so their config uses plain RoPE (shapes and costs are unaffected).
+    """
+    import gguf
+    import numpy as np
+
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"no GGUF file at {path}")
     try:
         reader = gguf.GGUFReader(str(path))
-    except FileNotFoundError:
-        raise ConfigError(f"no GGUF file at {path}") from None
     except Exception as e:  # the gguf package raises plain ValueErrors for bad magic etc.
         raise ConfigError(f"{path} is not a readable GGUF file: {e}") from None
 
-    def field_value(key: str, default: Any = ...) -> Any:
+    def value(key: str, default: Any = ...) -> Any:
         f = reader.fields.get(key)
         if f is None:
             if default is ...:
                 raise ConfigError(f"GGUF {path}: metadata key {key!r} is missing")
             return default
-        return f.contents()
+        v = f.contents()
+        if isinstance(v, list):  # per-layer arrays (hybrid models): the attention layers' value
+            v = max((x for x in v if x), default=0)
+        return v
 
-    arch = field_value("general.architecture")
+    def f32(key: str, default: Any = ...) -> float:
+        """A float32 metadata value as the decimal it was written from (1e-06, not 9.99e-07)."""
+        return float(str(np.float32(value(key, default))))
+
+    arch = value("general.architecture")
     if arch not in GGUF_ARCHS:
-        raise ConfigError(f"GGUF {path}: architecture {arch!r} is not supported; supported: {sorted(GGUF_ARCHS)}")
+        raise ConfigError(f"GGUF {path}: architecture {arch!r} is not supported; "
+                          f"supported: {', '.join(sorted(GGUF_ARCHS))}")
     p = f"{arch}."
-    n_head = int(field_value(p + "attention.head_count"))
-    hidden = int(field_value(p + "embedding_length"))
+    n_head = int(value(p + "attention.head_count"))
+    hidden = int(value(p + "embedding_length"))
+    head_dim = int(value(p + "attention.key_length", hidden // n_head))
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    vocab = field_value(p + "vocab_size", len(tokens.data) if tokens is not None else ...)
+    if p + "vocab_size" in reader.fields or tokens is None:
+        vocab = int(value(p + "vocab_size"))
+    else:
+        vocab = len(tokens.data)
+    tensor_names = {t.name for t in reader.tensors}
     hf: dict[str, Any] = {
         "model_type": GGUF_ARCHS[arch],
-        "vocab_size": int(vocab),
+        "vocab_size": vocab,
         "hidden_size": hidden,
-        "num_hidden_layers": int(field_value(p + "block_count")),
+        "num_hidden_layers": int(value(p + "block_count")),
         "num_attention_heads": n_head,
-        "num_key_value_heads": int(field_value(p + "attention.head_count_kv", n_head)),
-        "head_dim": int(field_value(p + "attention.key_length", hidden // n_head)),
-        "intermediate_size": int(field_value(p + "feed_forward_length", 0)),
-        "rms_norm_eps": float(field_value(p + "attention.layer_norm_rms_epsilon", 1e-6)),
-        "rope_theta": float(field_value(p + "rope.freq_base", 10000.0)),
-        "max_position_embeddings": int(field_value(p + "context_length", 4096)),
-        "tie_word_embeddings": "output.weight" not in {t.name for t in reader.tensors},
+        "num_key_value_heads": int(value(p + "attention.head_count_kv", n_head)),
+        "head_dim": head_dim,
+        "rms_norm_eps": f32(p + "attention.layer_norm_rms_epsilon", 1e-6),
+        "rope_theta": f32(p + "rope.freq_base", 10000.0),
+        "max_position_embeddings": int(value(p + "context_length", 4096)),
+        "tie_word_embeddings": "token_embd.weight" in tensor_names and "output.weight" not in tensor_names,
     }
-    if arch in ("qwen3moe", "gpt-oss", "qwen3next"):
-        key = "num_local_experts" if arch == "gpt-oss" else "num_experts"
-        hf[key] = int(field_value(p + "expert_count"))
-        hf["num_experts_per_tok"] = int(field_value(p + "expert_used_count"))
-        hf["moe_intermediate_size"] = int(field_value(p + "expert_feed_forward_length", hf["intermediate_size"]))
-        hf["norm_topk_prob"] = True
+    if p + "feed_forward_length" in reader.fields:
+        hf["intermediate_size"] = int(value(p + "feed_forward_length"))
+    elif arch in ("llama", "qwen3"):
+        value(p + "feed_forward_length")  # raises: a dense model needs it
+    n_rot = int(value(p + "rope.dimension_count", head_dim))
+    if n_rot != head_dim:
+        hf["partial_rotary_factor"] = n_rot / head_dim
+    scaling = value(p + "rope.scaling.type", "none")
+    if scaling == "yarn":
+        hf["rope_scaling"] = {
+            "rope_type": "yarn", "factor": f32(p + "rope.scaling.factor"),
+            "original_max_position_embeddings": int(value(p + "rope.scaling.original_context_length")),
+            "beta_fast": f32(p + "rope.scaling.yarn_beta_fast", 32.0),
+            "beta_slow": f32(p + "rope.scaling.yarn_beta_slow", 1.0),
+        }
+    elif scaling not in ("none", ""):
+        hf["rope_scaling"] = {"rope_type": scaling, "factor": f32(p + "rope.scaling.factor")}
+    if arch in ("qwen3moe", "qwen3next"):
+        hf["num_experts"] = int(value(p + "expert_count"))
+        hf["num_experts_per_tok"] = int(value(p + "expert_used_count"))
+        hf["moe_intermediate_size"] = int(value(p + "expert_feed_forward_length"))
+        hf["norm_topk_prob"] = bool(value(p + "expert_weights_norm", True))
+        hf["decoder_sparse_step"] = 1
+        hf["mlp_only_layers"] = []
     if arch == "gpt-oss":
-        hf["intermediate_size"] = hf.pop("moe_intermediate_size")
-        hf["sliding_window"] = int(field_value(p + "attention.sliding_window", 128))
+        hf["num_local_experts"] = int(value(p + "expert_count"))
+        hf["num_experts_per_tok"] = hf["experts_per_token"] = int(value(p + "expert_used_count"))
+        hf["intermediate_size"] = int(value(p + "expert_feed_forward_length"))
+        hf["sliding_window"] = int(value(p + "attention.sliding_window"))
+        hf["layer_types"] = ["sliding_attention" if il % 2 == 0 else "full_attention"
+                             for il in range(hf["num_hidden_layers"])]  # llama.cpp: swa pattern 2
         hf["attention_bias"] = True
+        hf["swiglu_limit"] = 7.0
+        if "rope_scaling" in hf:
+            hf["rope_scaling"]["truncate"] = False  # gpt-oss's config.json
     if arch == "qwen3next":
-        hf["linear_conv_kernel_dim"] = int(field_value(p + "ssm.conv_kernel", 4))
-        hf["linear_key_head_dim"] = int(field_value(p + "ssm.state_size", 128))
-        hf["linear_num_value_heads"] = int(field_value(p + "ssm.time_step_rank", 32))
-        hf["linear_num_key_heads"] = int(field_value(p + "ssm.group_count", 16))
-        inner = int(field_value(p + "ssm.inner_size", hf["linear_num_value_heads"] * 128))
-        hf["linear_value_head_dim"] = inner // hf["linear_num_value_heads"]
-        hf["shared_expert_intermediate_size"] = int(field_value(p + "expert_shared_feed_forward_length", 512))
-        hf["full_attention_interval"] = 4
-    name = str(field_value("general.name", Path(path).stem))
+        hf["linear_conv_kernel_dim"] = int(value(p + "ssm.conv_kernel"))
+        hf["linear_key_head_dim"] = int(value(p + "ssm.state_size"))
+        hf["linear_num_key_heads"] = int(value(p + "ssm.group_count"))
+        hf["linear_num_value_heads"] = int(value(p + "ssm.time_step_rank"))
+        hf["linear_value_head_dim"] = int(value(p + "ssm.inner_size")) // hf["linear_num_value_heads"]
+        hf["shared_expert_intermediate_size"] = int(value(p + "expert_shared_feed_forward_length"))
+        hf["full_attention_interval"] = int(value(p + "full_attention_interval", 4))
+    name = str(value("general.name", path.stem))
     cfg = ModelConfig(name, hf)
     return cfg.with_(**runtime) if runtime else cfg
