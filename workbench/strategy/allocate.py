@@ -152,8 +152,9 @@ def rebase(graph: Graph, allocation: Allocation) -> Graph:
     arena = Buffer(allocation.arena, max(allocation.arena_bytes, ALIGNMENT), "act")
     offsets = allocation.offsets
 
-    def move(v: View) -> View:
-        return v.rebase(arena, offsets[v.buffer.name]) if v.buffer.kind == "act" and v.buffer.name in offsets else v
+    def move(v: View) -> View:  # View.rebase, built directly: this runs for every view of every node
+        off = offsets.get(v.buffer.name) if v.buffer.kind == "act" else None
+        return v if off is None else View(arena, v.offset + off, v.shape, v.strides, v.dtype)
 
     nodes = [Node(n.name, n.op, tuple(move(v) for v in n.srcs), tuple(move(v) for v in n.outs), n.params)
              for n in graph.nodes]

@@ -86,8 +86,14 @@ def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
     (a) the output is scratch and nothing else reads any of its bytes, (b) the destination
     has the same dtype and element count, (c) no node between the op and the CPY reads or
     writes the destination (the write moves earlier), and (d) the destination overlaps none
-    of the op's own inputs or other outputs (kernels assume distinct input and output memory).
-    The producer records the eliminated copies in ``params['cpy_eliminated']``.
+    of the op's other outputs and none of its inputs, except an input that is exactly the
+    destination view: then the op updates those elements in place (a recurrent state read
+    from and written back to its cache, as GATED_DELTA_NET and SSM_CONV do), with ggml's
+    in-place semantics: every element is read before it is overwritten.
+
+    The producer records the eliminated copies in ``params['cpy_eliminated']`` and in-place
+    pairs in ``params['inplace']`` as ``(src index, out index)``, so a kernel knows that this
+    input and output alias (no ``__restrict__``).
     """
     removed: list[str] = []
     nodes = list(graph.nodes)
@@ -124,13 +130,18 @@ def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
             new_out = _redirect(out, src, dst)
             if new_out is None:
                 continue
-            if any(new_out.overlaps(v) for v in (*p.srcs, *(o for j, o in enumerate(p.outs) if j != k))):
+            if any(v != new_out and new_out.overlaps(v) for v in p.srcs):
+                continue
+            if any(new_out.overlaps(o) for j, o in enumerate(p.outs) if j != k):
                 continue
             if touchers_between(index, dst, pi, ci):
                 continue
             outs = tuple(new_out if j == k else o for j, o in enumerate(p.outs))
-            done = tuple(p.params.get("cpy_eliminated", ())) + (c.name,)
-            replace[pi] = Node(p.name, p.op, p.srcs, outs, {**p.params, "cpy_eliminated": done})
+            params = {**p.params, "cpy_eliminated": (*p.params.get("cpy_eliminated", ()), c.name)}
+            inplace = tuple((j, k) for j, v in enumerate(p.srcs) if v == new_out)
+            if inplace:
+                params["inplace"] = (*p.params.get("inplace", ()), *inplace)
+            replace[pi] = Node(p.name, p.op, p.srcs, outs, params)
             drop.add(ci)
             touched.update((pi, ci))
             removed.append(c.name)

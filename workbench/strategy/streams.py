@@ -75,13 +75,12 @@ def _qkv_streams(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
         branch: dict[int, int] = {}  # node -> branch number, in order of the branches' first nodes
         n_branches = 0
         for j in range(f + 1, join):
-            if f in deps[j]:
-                branch[j] = n_branches
-                n_branches += 1
-                continue
             owners = {branch[d] for d in deps[j] if d in branch}
             if len(owners) == 1:
                 branch[j] = owners.pop()
+            elif not owners and f in deps[j]:  # a direct consumer of the fork starts a branch
+                branch[j] = n_branches
+                n_branches += 1
         for j, b in branch.items():
             streams[j] = b if b < QKV_FANOUT else 0
     return streams
