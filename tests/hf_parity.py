@@ -29,12 +29,13 @@ def hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
     return model
 
 
-def hf_decode_logits(model, tokens: list[int]) -> np.ndarray:
-    """Feed ``tokens`` one at a time with the model's cache; logits per step."""
+def hf_decode_logits(model, tokens: list[int], cache=None) -> np.ndarray:
+    """Feed ``tokens`` one at a time with the model's cache; logits per step. Pass ``cache``
+    (a ``DynamicCache``) to inspect the states it holds afterwards."""
     import torch
     from transformers import DynamicCache
 
-    cache = DynamicCache(config=model.config)
+    cache = cache if cache is not None else DynamicCache(config=model.config)
     out = []
     with torch.no_grad():
         for pos, t in enumerate(tokens):

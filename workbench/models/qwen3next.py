@@ -27,7 +27,7 @@ import numpy as np
 
 from ..graph import Buffer, Graph, GraphBuilder, View
 from .blocks import StepInputs, attention, embed, linear, lm_head, residual_layer_start, rms_norm, swiglu_ffn
-from .config import ModelConfig
+from .config import ConfigError, ModelConfig
 from .moe import _dense_ffn, _is_sparse_layer, build_moe_ffn, qwen3_moe_experts
 
 F32 = 4  # bytes per f32 element; the recurrent states and GDN activations are f32 as in llama.cpp
@@ -89,7 +89,7 @@ def gated_delta_net(b: GraphBuilder, cfg: ModelConfig, il: int, x: View) -> View
     dk, dv = int(cfg.get("linear_key_head_dim")), int(cfg.get("linear_value_head_dim"))
     kern = int(cfg.get("linear_conv_kernel_dim"))
     if h_v % h_k:
-        raise ValueError(f"{cfg.name}: linear_num_value_heads ({h_v}) must be a multiple of "
+        raise ConfigError(f"{cfg.name}: linear_num_value_heads ({h_v}) must be a multiple of "
                          f"linear_num_key_heads ({h_k})")
     rep = h_v // h_k
     key_dim, value_dim = h_k * dk, h_v * dv
@@ -200,7 +200,7 @@ def build_qwen3next(cfg: ModelConfig, n_kv: int) -> Graph:
         elif kind == "full_attention":
             cur = gated_attention(b, cfg, inp, il, cur, n_kv)
         else:
-            raise ValueError(f"{cfg.name}: layer {il} has layer type {kind!r}; expected linear_attention "
+            raise ConfigError(f"{cfg.name}: layer {il} has layer type {kind!r}; expected linear_attention "
                              "or full_attention")
         res = b.op("ADD", f"attn_residual-{il}", [cur, x], (1, d))
         post_w = b.weight(f"model.layers.{il}.post_attention_layernorm.weight", (d,), "f32")
