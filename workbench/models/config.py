@@ -83,9 +83,10 @@ class ModelConfig:
             if layers < 1:
                 raise ConfigError(f"--layers must be >= 1, got {layers}")
             hf["num_hidden_layers"] = int(layers)
-            for key in ("layer_types",):
-                if key in hf and hf[key] is not None:
-                    hf[key] = list(hf[key])[:layers]
+            for key in ("layer_types",):  # a periodic per-layer pattern: cut or repeat it
+                if hf.get(key):
+                    pattern = list(hf[key])
+                    hf[key] = [pattern[i % len(pattern)] for i in range(layers)]
         new = replace(self, hf=hf)
         if context is not None:
             if context < 1:
