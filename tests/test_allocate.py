@@ -110,6 +110,7 @@ def test_stream_aware_is_race_free_and_serial_reuse_is_not(name, streams):
     races = unordered_conflicts(serial)
     assert races, "serial-reuse on concurrent streams should alias a buffer between unordered kernels"
     assert {serial.launch_of(a).stream for a, _ in races} | {serial.launch_of(b).stream for _, b in races} != {0}
+    assert any("stream-aware" in w for w in serial.warnings) and not aware.warnings
 
 
 def test_buffers_at_names_the_model_buffers():

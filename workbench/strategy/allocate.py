@@ -1,22 +1,27 @@
-"""Scratch-buffer allocation into one arena (``Strategy.allocator``), ggml-alloc style.
+"""Scratch-buffer allocation into one arena (``Strategy.allocator``).
 
 Every ``act`` buffer gets a byte range of a single arena buffer; the Plan's graph is rebased
 onto it, so two buffers sharing bytes are visible to every executor and to the race checker.
+The policies differ only in which two buffers may share bytes:
 
-- ``serial-reuse`` is ggml-alloc: it assumes in-order execution and frees a buffer right
-  after its last access in graph order, so the next allocation may take those bytes even if
-  the last reader runs on another stream and has not finished (seed 001's bug).
-- ``stream-aware`` is the ``becomes_visible_at`` design of seed 001's discussion: a freed
-  block carries, per stream, the last node of that stream that touched it, and a node may
-  take it only once every one of those nodes happens-before it (stream order plus events).
+- ``serial-reuse`` is ggml-alloc's assumption of in-order execution: a buffer's bytes are free
+  once its last access in graph order is done, so a later buffer may take them even if that
+  last reader runs on another stream and has not finished (seed 001's bug).
+- ``stream-aware`` is the ``becomes_visible_at`` design of seed 001's discussion: a buffer may
+  take another's bytes only if every access of the earlier one happens-before every access of
+  the later one (stream order plus events), i.e. the last use has become visible to each
+  stream that will touch the bytes next.
 - ``no-reuse`` gives every buffer its own bytes.
 
-Free blocks are best-fit and merged with their neighbours, as in ``ggml_dyn_tallocr``.
+Placement is offline "greedy by size" (largest buffer first, lowest offset that clears every
+already placed buffer it may not share with): all lifetimes of a decode step are known before
+it runs, and the packing stays close to the peak of live bytes for every policy, so the
+footprints compare the policies rather than the fragmentation of an online allocator.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..graph import Buffer, Graph, Node, View
@@ -35,67 +40,23 @@ def _align(n: int) -> int:
     return -(-n // ALIGNMENT) * ALIGNMENT
 
 
-@dataclass
-class _Block:
-    offset: int
-    size: int
-    release: Clock  # per stream: last node of that stream that touched these bytes (-1: none)
-
-
-class _Arena:
-    """Best-fit free list over a growing arena; a block is usable by a node when ``ready``."""
-
-    def __init__(self) -> None:
-        self.free: list[_Block] = []  # sorted by offset, never adjacent
-        self.top = 0
-
-    def alloc(self, size: int, ready: Callable[[Clock], bool]) -> int:
-        fits = [b for b in self.free if b.size >= size and ready(b.release)]
-        if fits:
-            b = min(fits, key=lambda b: (b.size, b.offset))
-            off = b.offset
-            b.offset += size
-            b.size -= size
-            if b.size == 0:
-                self.free.remove(b)
-            return off
-        last = self.free[-1] if self.free else None
-        if last is not None and last.offset + last.size == self.top and ready(last.release):
-            self.free.pop()  # grow the arena from the trailing free block
-            self.top = last.offset + size
-            return last.offset
-        off = self.top
-        self.top += size
-        return off
-
-    def release(self, offset: int, size: int, clock: Clock) -> None:
-        blocks = self.free
-        k = next((i for i, b in enumerate(blocks) if b.offset > offset), len(blocks))
-        blocks.insert(k, _Block(offset, size, clock))
-        if k + 1 < len(blocks) and offset + size == blocks[k + 1].offset:  # merge with the next
-            nxt = blocks.pop(k + 1)
-            blocks[k].size += nxt.size
-            blocks[k].release = _max(blocks[k].release, nxt.release)
-        if k > 0 and blocks[k - 1].offset + blocks[k - 1].size == offset:  # and with the previous
-            cur = blocks.pop(k)
-            blocks[k - 1].size += cur.size
-            blocks[k - 1].release = _max(blocks[k - 1].release, cur.release)
-
-
-def _max(a: Clock, b: Clock) -> Clock:
-    return tuple(max(x, y) for x, y in zip(a, b))
-
-
 @dataclass(frozen=True)
 class Lifetime:
-    """A scratch buffer's accesses: first and last node, the bytes views reach, and per
-    stream the last node that touched it."""
+    """A scratch buffer's accesses: first and last node, the (aligned) bytes its views reach,
+    ``release``: per stream the last node that touches it; ``acquire``: per stream the last
+    node known complete before *each* of its accesses starts (the element-wise minimum of the
+    accessing nodes' vector clocks)."""
 
     buffer: str
     first: int
     last: int
     nbytes: int
-    last_per_stream: Clock
+    release: Clock
+    acquire: Clock
+
+    def visible_before(self, other: Lifetime) -> bool:
+        """Every access of ``self`` happens-before every access of ``other``."""
+        return self.last < other.first and all(r <= a for r, a in zip(self.release, other.acquire))
 
 
 def lifetimes(nodes: Sequence[Node], schedule: StreamSchedule) -> dict[str, Lifetime]:
@@ -106,45 +67,71 @@ def lifetimes(nodes: Sequence[Node], schedule: StreamSchedule) -> dict[str, Life
         for v in (*n.srcs, *n.outs):
             if v.buffer.kind != "act" or v.numel == 0:
                 continue
-            acc.setdefault(v.buffer.name, []).append(i)
-            reach[v.buffer.name] = max(reach.get(v.buffer.name, 0), v.end)
+            name = v.buffer.name
+            lst = acc.setdefault(name, [])
+            if not lst or lst[-1] != i:
+                lst.append(i)
+            reach[name] = max(reach.get(name, 0), v.end)
     out: dict[str, Lifetime] = {}
     for name, idx in acc.items():
-        per = [-1] * schedule.n_streams
+        release = [-1] * schedule.n_streams
         for i in idx:
             s = schedule.streams[i]
-            per[s] = max(per[s], i)
-        out[name] = Lifetime(name, min(idx), max(idx), _align(reach[name]), tuple(per))
+            release[s] = max(release[s], i)
+        acquire = [min(col) for col in zip(*(schedule.clocks[i] for i in idx))]
+        out[name] = Lifetime(name, idx[0], idx[-1], _align(reach[name]), tuple(release), tuple(acquire))
+    return out
+
+
+def may_share(a: Lifetime, b: Lifetime, policy: str) -> bool:
+    """Whether ``a`` and ``b`` may occupy the same bytes under ``policy``."""
+    if policy == "no-reuse":
+        return False
+    if policy == "serial-reuse":
+        return a.last < b.first or b.last < a.first
+    return a.visible_before(b) or b.visible_before(a)
+
+
+def place(lives: Sequence[Lifetime], policy: str) -> tuple[dict[str, int], int]:
+    """Greedy by size: offsets per buffer and the arena size."""
+    placed: list[tuple[Lifetime, int]] = []
+    offsets: dict[str, int] = {}
+    top = 0
+    for lt in sorted(lives, key=lambda lt: (-lt.nbytes, lt.first)):
+        busy = sorted((off, off + o.nbytes) for o, off in placed if not may_share(o, lt, policy))
+        off = 0
+        for lo, hi in busy:
+            if lo >= off + lt.nbytes:
+                break
+            off = max(off, hi)
+        placed.append((lt, off))
+        offsets[lt.buffer] = off
+        top = max(top, off + lt.nbytes)
+    return {b: offsets[b] for b in (lt.buffer for lt in lives)}, top
+
+
+def unordered_reuse(lives: dict[str, Lifetime], offsets: dict[str, int]) -> list[tuple[str, str]]:
+    """Pairs (earlier, later) of buffers placed on shared bytes although some access of the
+    earlier one does not happen-before an access of the later one: what ``serial-reuse``
+    does wrong on several streams, and what the race checker will report as races."""
+    spans = sorted((offsets[b], offsets[b] + lt.nbytes, b) for b, lt in lives.items())
+    out: list[tuple[str, str]] = []
+    for k, (_, hi, a) in enumerate(spans):
+        for lo2, _hi2, b in spans[k + 1:]:
+            if lo2 >= hi:
+                break
+            x, y = sorted((lives[a], lives[b]), key=lambda lt: lt.first)
+            if not x.visible_before(y):
+                out.append((x.buffer, y.buffer))
     return out
 
 
 def allocate(graph: Graph, schedule: StreamSchedule, policy: str) -> Allocation:
-    """Place every scratch buffer of ``graph`` (nodes in issue order) under ``policy``."""
+    """Place every scratch buffer of ``graph`` (nodes in issue order, as scheduled) under ``policy``."""
     lives = lifetimes(graph.nodes, schedule)
-    starting: dict[int, list[Lifetime]] = {}
-    ending: dict[int, list[Lifetime]] = {}
-    for lt in lives.values():
-        starting.setdefault(lt.first, []).append(lt)
-        ending.setdefault(lt.last, []).append(lt)
-    arena = _Arena()
-    offsets: dict[str, int] = {}
-    none: Clock = (-1,) * schedule.n_streams
-    for i in range(len(graph.nodes)):
-        clock = schedule.clocks[i]
-        if policy == "stream-aware":
-            def ready(rel: Clock, clock: Clock = clock) -> bool:
-                return all(c >= r for c, r in zip(clock, rel))
-        else:
-            def ready(rel: Clock) -> bool:
-                return True
-        for lt in starting.get(i, ()):
-            offsets[lt.buffer] = arena.alloc(lt.nbytes, ready)
-        if policy == "no-reuse":
-            continue
-        for lt in ending.get(i, ()):
-            arena.release(offsets[lt.buffer], lt.nbytes, lt.last_per_stream if policy == "stream-aware" else none)
+    offsets, top = place(list(lives.values()), policy)
     persistent = sum(b.nbytes for b in graph.buffers().values() if b.persistent)
-    return Allocation(policy, offsets, arena.top, persistent, {n: lt.nbytes for n, lt in lives.items()}, ARENA)
+    return Allocation(policy, offsets, top, persistent, {n: lt.nbytes for n, lt in lives.items()}, ARENA)
 
 
 def rebase(graph: Graph, allocation: Allocation) -> Graph:

@@ -12,7 +12,7 @@ from __future__ import annotations
 import warnings
 
 from ..graph import Graph
-from .allocate import allocate, rebase
+from .allocate import allocate, lifetimes, rebase, unordered_reuse
 from .deps import hazards
 from .fusion import apply_fusions
 from .host import host_program
@@ -28,7 +28,8 @@ def compile_plan(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | 
 
     Raises StrategyError for an impossible combination (PDL below compute capability 9.0, an
     unknown kernel family in ``pdl_families``); emits UnsafeStrategyWarning for PDL wait
-    ``late`` and records it in ``Plan.warnings``.
+    ``late``. ``Plan.warnings`` records that warning and notes ``serial-reuse`` allocations
+    that recycle bytes across unordered streams (allowed, to study the race).
     """
     check_families(strategy)
     with warnings.catch_warnings(record=True) as caught:
@@ -40,6 +41,13 @@ def compile_plan(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | 
     fused, removed = apply_fusions(graph, strategy.fusion)
     schedule = assign_streams(fused.nodes, hazards(fused.nodes), strategy.streams, strategy.max_streams)
     allocation = allocate(fused, schedule, strategy.allocator)
+    notes = [str(w.message) for w in caught]
+    if strategy.allocator == "serial-reuse" and schedule.n_streams > 1:
+        bad = unordered_reuse(lifetimes(fused.nodes, schedule), allocation.offsets)
+        if bad:
+            notes.append(f"allocator serial-reuse on {schedule.n_streams} streams: {len(bad)} pairs of scratch "
+                         f"buffers share bytes without an order between their accesses (e.g. {bad[0][1]} reuses "
+                         f"{bad[0][0]}); use --allocator stream-aware")
     planned = rebase(fused, allocation)
     pdl = place_pdl(planned.nodes, schedule.streams, strategy)
     launches = [
@@ -56,5 +64,5 @@ def compile_plan(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | 
         n_streams=schedule.n_streams,
         n_events=schedule.n_events,
         removed=removed,
-        warnings=[str(w.message) for w in caught],
+        warnings=notes,
     )
