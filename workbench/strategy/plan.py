@@ -17,6 +17,7 @@ HOST_OPS = {
     "memcpy_h2d": ("cudaMemcpyAsync", "cudaMemcpy"),  # (async name, blocking name)
     "memcpy_d2h": ("cudaMemcpyAsync", "cudaMemcpy"),
     "stream_sync": ("cudaStreamSynchronize",),
+    "device_sync": ("cudaDeviceSynchronize",),  # waits for every stream (understood by the verifier)
     "launch": ("cudaLaunchKernel", "cuLaunchKernelEx"),
     "graph_launch": ("cudaGraphLaunch",),
     "event_record": ("cudaEventRecord",),
