@@ -32,9 +32,11 @@ def main(args: argparse.Namespace) -> int:
     for w in caught:
         print(f"workbench verify: warning: {w.message}", file=sys.stderr)
     report = verify(plan, tokens=args.tokens, label=f"{cfg.name} {strategy.label()}")
-    if args.json:
-        out = {"model": cfg.name, "strategy": strategy.to_dict(), **report.to_dict()}
-        print(json.dumps(out))
-    else:
-        print(report.text(limit=args.limit))
+    try:
+        if args.json:
+            print(json.dumps({"model": cfg.name, "strategy": strategy.to_dict(), **report.to_dict()}))
+        else:
+            print(report.text(limit=args.limit))
+    except BrokenPipeError:  # `workbench verify ... | head`
+        sys.stderr.close()
     return 0 if report.race_free else 1

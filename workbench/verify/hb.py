@@ -64,6 +64,30 @@ class Op:
     stream_pred: int | None = None
     #: for a blocking copy from pageable memory: the host point where the CPU stages the buffer
     staged_at: int | None = None
+    #: for a captured kernel: the stream its graph was launched on, and the capture's origin stream
+    graph_stream: int | None = None
+    capture_origin: int | None = None
+
+    @property
+    def lane(self) -> tuple[str, int | None]:
+        """Which queue the op runs in: a captured kernel on the capture's origin stream runs in
+        the stream the graph is launched on; on another capture stream, in a graph-internal one."""
+        if not self.in_graph:
+            return ("host", None) if self.stream is None else ("stream", self.stream)
+        if self.stream == self.capture_origin:
+            return ("stream", self.graph_stream)
+        return ("graph", self.stream)
+
+    def where(self) -> str:
+        if self.stream is None:
+            return "the host thread"
+        if not self.in_graph:
+            return f"stream {self.stream}"
+        if self.stream != self.capture_origin:
+            return f"capture stream {self.stream} (inside the CUDA graph)"
+        if self.stream == self.graph_stream:
+            return f"stream {self.stream} (CUDA graph)"
+        return f"stream {self.graph_stream} (CUDA graph captured on stream {self.stream})"
 
 
 @dataclass
@@ -274,14 +298,19 @@ class _Unroller:
         origin = self.stream(hop.stream)
         begin = self.hb.point(f"t{self.token} cudaGraphLaunch begin",
                               [self.host, *(wd for _, wd in origin.deps)])
-        capture: dict[int, _Stream] = {hop.stream: _Stream([(begin, begin)])}
+        # The capture began on the stream of the first launch; other capture streams join
+        # only through events (a launch on a never-forked stream depends on the launch alone).
+        origin_stream = self.plan.launches[0].stream if self.plan.launches else hop.stream
+        capture: dict[int, _Stream] = {origin_stream: _Stream([(begin, begin)])}
         events: dict[int, list[tuple[int, int]]] = {}
         ends = []
         for launch in self.plan.launches:
             st = self.stream(launch.stream, capture)
             for ev in launch.wait_events:
                 self.wait_event(ev, st, events, f"captured launch {launch.node.name}")
-            ends.append(self.kernel(launch, st, begin, in_graph=True).end)
+            op = self.kernel(launch, st, begin, in_graph=True)
+            op.graph_stream, op.capture_origin = hop.stream, origin_stream
+            ends.append(op.end)
             for ev in launch.record_events:
                 self.record(ev, st, events, keep_pdl=True)
         end = self.hb.point(f"t{self.token} cudaGraphLaunch end", [begin, *ends])

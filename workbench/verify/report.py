@@ -38,15 +38,13 @@ class Side:
     node: str
     op: str            # kernel op (MUL_MAT, ...), memcpy kind or "host"
     stream: int | None
+    lane: str          # "stream 1", "capture stream 1 of the graph launched on stream 0", "the host thread"
     token: int
     access: str        # "read" / "write"
     role: str          # "reads src 1", "writes dst", "rewrites host buffer", ...
     phase: str         # pre-wait, post-wait, copy, host
     view: str
     tensor: str | None  # the model tensor behind the bytes (before allocation), when known
-
-    def where(self) -> str:
-        return "the host thread" if self.stream is None else f"stream {self.stream}"
 
     def to_dict(self) -> dict[str, Any]:
         return dict(self.__dict__)
@@ -71,9 +69,9 @@ class Race:
     def text(self) -> str:
         f, s = self.first, self.second
         return (f"{self.kind} race on {self.buffer}[{self.lo}:{self.hi}) ({self.cause})\n"
-                f"  {f.node} ({f.op}, token {f.token}, {f.where()}) {f.role} {f.view}"
+                f"  {f.node} ({f.op}, token {f.token}, {f.lane}) {f.role} {f.view}"
                 f"{_tensor(f)} [{f.phase}]\n"
-                f"  {s.node} ({s.op}, token {s.token}, {s.where()}) {s.role} {s.view}"
+                f"  {s.node} ({s.op}, token {s.token}, {s.lane}) {s.role} {s.view}"
                 f"{_tensor(s)} [{s.phase}]\n"
                 f"  why: {self.why}\n  fix: {self.fix}")
 
@@ -142,23 +140,31 @@ class Explainer:
         self.plan: Plan = hb.plan
         self.table = table
         self._source: dict[str, Any] | None = None
-        self._last: dict[tuple[int, int | None], Op] = {}
+        self._sides: dict[int, Side] = {}
+        self._last: dict[tuple[int, tuple[str, int | None]], Op] = {}
         for op in hb.ops:  # last op of each (token, stream)
-            self._last[(op.token, op.stream)] = op
+            self._last[(op.token, op.lane)] = op
 
     def race(self, pair: RacePair) -> Race:
         a, b = self.table.accesses[pair.first], self.table.accesses[pair.second]
         oa, ob = self.hb.ops[a.op], self.hb.ops[b.op]
-        lo, hi = _overlap(a, b)
+        strided = self.table.columns["strided"]
+        lo, hi = _overlap(a, b, bool(strided[pair.first] or strided[pair.second]))
         kind = "write/write" if a.write and b.write else "read/write"
-        sa, sb = self.side(oa, a), self.side(ob, b)
+        sa, sb = self.side_of(pair.first), self.side_of(pair.second)
         cause, why, fix = self.cause(a, b, oa, ob, sa, sb)
         return Race(kind, cause, a.view.buffer.name, lo, hi, sa, sb, why, fix)
 
+    def side_of(self, k: int) -> Side:
+        if k not in self._sides:
+            acc = self.table.accesses[k]
+            self._sides[k] = self.side(self.hb.ops[acc.op], acc)
+        return self._sides[k]
+
     def side(self, op: Op, acc: Access) -> Side:
         kernel = op.launch.node.op if op.launch is not None else ("host" if op.kind == "host" else op.host_op.kind)
-        return Side(op.name, kernel, op.stream, op.token, acc.mode, acc.role, acc.phase, acc.view.describe(),
-                    self.tensor(op, acc))
+        return Side(op.name, kernel, op.stream, op.where(), op.token, acc.mode, acc.role, acc.phase,
+                    acc.view.describe(), self.tensor(op, acc))
 
     def tensor(self, op: Op, acc: Access) -> str | None:
         """The model tensor (buffer before allocation) behind an arena access, when it is known."""
@@ -207,6 +213,7 @@ class Explainer:
         pre, other, opre = (b, oa, ob) if b.phase == "pre-wait" else (a, ob, oa) if a.phase == "pre-wait" \
             else (None, None, None)
         if pre is not None:
+            what = (sb if pre is b else sa).tensor or pre.view.buffer.name
             wait = opre.launch.wait
             pred = hb.ops[opre.stream_pred] if opre.stream_pred is not None else None
             if pred is not None and pred.index != other.index and pred.kind == "kernel" and \
@@ -228,13 +235,12 @@ class Explainer:
         # -- streams -----------------------------------------------------------------------------
         if oa.token != ob.token and not self._token_synced(oa, ob):
             return ("unsynced-token",
-                    f"token {ob.token}'s {ob.name} on stream {ob.stream} is not ordered after token {oa.token}'s "
-                    f"{oa.name} on stream {oa.stream}: stream {oa.stream} never joins what the token's final "
-                    f"sync waits for",
-                    f"join stream {oa.stream} into stream 0 with an event before the token ends (or "
+                    f"token {ob.token}'s {ob.name} on {ob.where()} is not ordered after token {oa.token}'s "
+                    f"{oa.name} on {oa.where()}: that stream never joins what the token's final sync waits for",
+                    f"join {oa.where()} into the synchronized stream with an event before the token ends (or "
                     f"cudaDeviceSynchronize at the token boundary)")
-        if oa.stream != ob.stream:
-            streams = f"stream {oa.stream} and stream {ob.stream}"
+        if oa.lane != ob.lane:
+            streams = f"{oa.where()} and {ob.where()}"
             if sa.tensor and sb.tensor and sa.tensor != sb.tensor and \
                     a.view.buffer.name == self.plan.allocation.arena:
                 policy = self.plan.allocation.policy
@@ -251,26 +257,28 @@ class Explainer:
                         f"{writer.name} writes straight into {a.view.buffer.name} (copy elimination removed its "
                         f"CPY) while {(ob if writer is oa else oa).name} on another stream uses those bytes; "
                         f"nothing orders {streams}",
-                        f"record an event after {oa.name} on stream {oa.stream} and wait on it on stream "
-                        f"{ob.stream} before {ob.name}, or keep the CPY for {writer.name}")
+                        f"record an event after {oa.name} on {oa.where()} and wait on it on {ob.where()} "
+                        f"before {ob.name}, or keep the CPY for {writer.name}")
             return ("missing-event",
-                    f"{ob.name} on stream {ob.stream} {b.mode}s {what} that {oa.name} on stream {oa.stream} "
+                    f"{ob.name} on {ob.where()} {b.mode}s {what} that {oa.name} on {oa.where()} "
                     f"{'writes' if a.write else 'reads'}, but no event record -> wait path leads from "
                     f"{oa.name} to {ob.name} (a missing fork or join event)",
-                    f"record an event on stream {oa.stream} after {oa.name} and make stream {ob.stream} wait "
+                    f"record an event on {oa.where()} after {oa.name} and make {ob.where()} wait "
                     f"on it before {ob.name}")
         return ("unordered",
-                f"nothing orders {oa.name} before {ob.name} on stream {ob.stream}",
+                f"nothing orders {oa.name} before {ob.name} on {ob.where()}",
                 "add a dependency (event or sync) between them")
 
     def _token_synced(self, oa: Op, ob: Op) -> bool:
         """True when the last op of ``oa``'s token on ``oa``'s stream ends before ``ob`` starts."""
-        return self.hb.before(self._last[(oa.token, oa.stream)].end, ob.start)
+        return self.hb.before(self._last[(oa.token, oa.lane)].end, ob.start)
 
 
-def _overlap(a: Access, b: Access) -> tuple[int, int]:
-    for lo1, hi1 in a.view.intervals():
-        for lo2, hi2 in b.view.intervals():
-            if lo1 < hi2 and lo2 < hi1:
-                return max(lo1, lo2), min(hi1, hi2)
+def _overlap(a: Access, b: Access, strided: bool) -> tuple[int, int]:
+    """The first run of bytes both accesses touch."""
+    if strided:
+        for lo1, hi1 in a.view.intervals():
+            for lo2, hi2 in b.view.intervals():
+                if lo1 < hi2 and lo2 < hi1:
+                    return max(lo1, lo2), min(hi1, hi2)
     return max(a.view.start, b.view.start), min(a.view.end, b.view.end)
