@@ -45,7 +45,8 @@ class Lifetime:
     """A scratch buffer's accesses: first and last node, the (aligned) bytes its views reach,
     ``release``: per stream the last node that touches it; ``acquire``: per stream the last
     node known complete before *each* of its accesses starts (the element-wise minimum of the
-    accessing nodes' vector clocks)."""
+    accessing nodes' vector clocks); ``settled``: the first node index from which on every
+    node of every stream is ordered after all its accesses (its ``becomes_visible_at``)."""
 
     buffer: str
     first: int
@@ -53,6 +54,7 @@ class Lifetime:
     nbytes: int
     release: Clock
     acquire: Clock
+    settled: int
 
     def visible_before(self, other: Lifetime) -> bool:
         """Every access of ``self`` happens-before every access of ``other``."""
@@ -72,14 +74,26 @@ def lifetimes(nodes: Sequence[Node], schedule: StreamSchedule) -> dict[str, Life
             if not lst or lst[-1] != i:
                 lst.append(i)
             reach[name] = max(reach.get(name, 0), v.end)
+    # suffix minimum of the vector clocks: settled_min[m][s] bounds what every node >= m knows
+    n, ns = len(nodes), schedule.n_streams
+    settled_min: list[Clock] = [(n,) * ns] * (n + 1)
+    for m in range(n - 1, -1, -1):
+        settled_min[m] = tuple(min(a, b) for a, b in zip(settled_min[m + 1], schedule.clocks[m]))
     out: dict[str, Lifetime] = {}
     for name, idx in acc.items():
-        release = [-1] * schedule.n_streams
+        release = [-1] * ns
         for i in idx:
             s = schedule.streams[i]
             release[s] = max(release[s], i)
         acquire = [min(col) for col in zip(*(schedule.clocks[i] for i in idx))]
-        out[name] = Lifetime(name, idx[0], idx[-1], _align(reach[name]), tuple(release), tuple(acquire))
+        lo, hi = idx[-1] + 1, n  # settled_min is non-decreasing in m: binary search
+        while lo < hi:
+            mid = (lo + hi) // 2
+            if all(r <= c for r, c in zip(release, settled_min[mid])):
+                hi = mid
+            else:
+                lo = mid + 1
+        out[name] = Lifetime(name, idx[0], idx[-1], _align(reach[name]), tuple(release), tuple(acquire), lo)
     return out
 
 
@@ -92,37 +106,67 @@ def may_share(a: Lifetime, b: Lifetime, policy: str) -> bool:
     return a.visible_before(b) or b.visible_before(a)
 
 
+#: nodes per time bucket of the placement's interval index
+_BUCKET = 32
+
+
 def place(lives: Sequence[Lifetime], policy: str) -> tuple[dict[str, int], int]:
-    """Greedy by size: offsets per buffer and the arena size."""
-    placed: list[tuple[Lifetime, int]] = []
-    offsets: dict[str, int] = {}
+    """Greedy by size: offsets per buffer and the arena size.
+
+    Two buffers can only conflict when their windows ``[first, end)`` overlap, with ``end`` =
+    ``last + 1`` under serial-reuse and ``settled`` under stream-aware; a bucketed interval
+    index keeps the candidate pairs near-linear in the number of buffers.
+    """
+    if policy == "no-reuse":
+        offsets, top = {}, 0
+        for lt in lives:
+            offsets[lt.buffer], top = top, top + lt.nbytes
+        return offsets, top
+
+    def window(lt: Lifetime) -> tuple[int, int]:
+        return lt.first, (lt.last + 1 if policy == "serial-reuse" else max(lt.settled, lt.last + 1))
+
+    buckets: dict[int, list[tuple[Lifetime, int]]] = {}
+    offsets = {}
     top = 0
     for lt in sorted(lives, key=lambda lt: (-lt.nbytes, lt.first)):
-        busy = sorted((off, off + o.nbytes) for o, off in placed if not may_share(o, lt, policy))
+        lo, hi = window(lt)
+        seen: set[str] = set()
+        busy = []
+        for k in range(lo // _BUCKET, (hi - 1) // _BUCKET + 1):
+            for o, off in buckets.get(k, ()):
+                if o.buffer in seen:
+                    continue
+                seen.add(o.buffer)
+                olo, ohi = window(o)
+                if olo < hi and lo < ohi and not may_share(o, lt, policy):
+                    busy.append((off, off + o.nbytes))
         off = 0
-        for lo, hi in busy:
-            if lo >= off + lt.nbytes:
+        for blo, bhi in sorted(busy):
+            if blo >= off + lt.nbytes:
                 break
-            off = max(off, hi)
-        placed.append((lt, off))
+            off = max(off, bhi)
+        for k in range(lo // _BUCKET, (hi - 1) // _BUCKET + 1):
+            buckets.setdefault(k, []).append((lt, off))
         offsets[lt.buffer] = off
         top = max(top, off + lt.nbytes)
-    return {b: offsets[b] for b in (lt.buffer for lt in lives)}, top
+    return {lt.buffer: offsets[lt.buffer] for lt in lives}, top
 
 
 def unordered_reuse(lives: dict[str, Lifetime], offsets: dict[str, int]) -> list[tuple[str, str]]:
     """Pairs (earlier, later) of buffers placed on shared bytes although some access of the
     earlier one does not happen-before an access of the later one: what ``serial-reuse``
     does wrong on several streams, and what the race checker will report as races."""
-    spans = sorted((offsets[b], offsets[b] + lt.nbytes, b) for b, lt in lives.items())
     out: list[tuple[str, str]] = []
-    for k, (_, hi, a) in enumerate(spans):
-        for lo2, _hi2, b in spans[k + 1:]:
-            if lo2 >= hi:
-                break
-            x, y = sorted((lives[a], lives[b]), key=lambda lt: lt.first)
-            if not x.visible_before(y):
-                out.append((x.buffer, y.buffer))
+    active: list[Lifetime] = []  # sweep over time: only buffers whose windows overlap can race
+    for lt in sorted(lives.values(), key=lambda lt: lt.first):
+        active = [a for a in active if max(a.settled, a.last + 1) > lt.first]
+        lo, hi = offsets[lt.buffer], offsets[lt.buffer] + lt.nbytes
+        for a in active:
+            alo = offsets[a.buffer]
+            if alo < hi and lo < alo + a.nbytes and not a.visible_before(lt):
+                out.append((a.buffer, lt.buffer))
+        active.append(lt)
     return out
 
 
