@@ -33,6 +33,11 @@ class Launch:
     on the same stream ends); ``wait``/``trigger``: where the kernel executes
     ``griddepcontrol.wait`` / ``launch_dependents``. ``wait_events`` are waited on by the
     stream before the launch; ``record_events`` are recorded on it right after.
+
+    Conventions of ``compile_plan``: the first kernel of each stream in a token has
+    ``pdl=False`` (no kernel precedes it there) and ``wait='start'``; ``trigger`` is set for
+    every kernel when PDL is on (it lets the next kernel of the stream start). PDL relaxes only
+    the same-stream edge; an event wait is a full dependency.
     """
 
     index: int
@@ -93,6 +98,15 @@ class Allocation:
 
 @dataclass
 class Plan:
+    """One decode step compiled under a Strategy (see ``compile_plan``).
+
+    Stream 0 is the main stream: it receives the H2D copies, forks to the side streams by
+    events, and every side stream joins it again before the last launch (so a token ends on
+    stream 0 and a CUDA graph capture can start and end there). Event ids run 0..n_events-1
+    in the order they are recorded; each is recorded once per token. ``graph`` nodes and
+    ``launches`` correspond one to one, in issue order.
+    """
+
     graph: Graph                 # rewritten (fusions) and allocated (views on the arena)
     source: Graph                # the model's graph before compilation
     strategy: Strategy
