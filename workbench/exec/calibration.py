@@ -1,0 +1,204 @@
+"""Per-GPU parameters of the simulator, loaded from ``data/calibration/<gpu>.json``.
+
+A calibration has two halves: the *device* (roofline numbers, fixed kernel costs, PDL and
+replay timings) and a *host profile* (what each CUDA API call costs the host thread). The
+host half is a profile because the same GPU is driven by very different hosts: the workbench's
+own Python executor, llama.cpp's C++ on Linux, or llama.cpp on Windows where seed 000 saw syncs
+cost several times more. Every field carries its source in the file's ``sources`` map and the
+loader refuses a file where one is missing.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+from typing import Any
+
+#: Where the shipped calibrations live (the repository's ``data/calibration``).
+CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "data" / "calibration"
+
+
+class CalibrationError(ValueError):
+    """A calibration that cannot be used; the message says which GPU/field/file and the fix."""
+
+
+@dataclass(frozen=True)
+class HostCosts:
+    """Host-thread cost of each CUDA API call (ns), excluding any wait for the device."""
+
+    launch_ns: float
+    launch_pdl_ns: float
+    graph_launch_ns: float
+    memcpy_async_ns: float
+    memcpy_blocking_ns: float
+    stream_sync_ns: float
+    sync_wakeup_ns: float
+    event_record_ns: float
+    stream_wait_event_ns: float
+    capture_ns: float
+    graph_instantiate_ns: float
+    graph_instantiate_per_node_ns: float
+
+
+@dataclass(frozen=True)
+class Calibration:
+    """One GPU's device parameters plus the host profile in use."""
+
+    gpu: str
+    name: str
+    compute_capability: tuple[int, int]
+    sm_count: int
+    max_threads_per_sm: int
+    dram_bandwidth_GBps: float
+    dram_efficiency: float
+    dram_latency_ns: float
+    bytes_in_flight_per_thread: float
+    fp32_TFLOPS: float
+    pcie_GBps: float
+    memcpy_latency_ns: float
+    kernel_fixed_ns: float
+    dependency_gap_ns: float
+    launch_latency_ns: float
+    graph_launch_latency_ns: float
+    pdl_prologue_ns: float
+    pdl_launch_ns: float
+    pdl_release_ns: float
+    pdl_first_read_setup_ns: float
+    pdl_late_read_fraction: float
+    host: HostCosts
+    host_profile: str
+    host_profiles: dict[str, HostCosts] = field(default_factory=dict, hash=False, compare=False)
+    sources: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+
+    @property
+    def dram_Bpns(self) -> float:
+        """Achievable DRAM bandwidth in bytes per ns (peak x efficiency)."""
+        return self.dram_bandwidth_GBps * self.dram_efficiency
+
+    @property
+    def fp32_flops_per_ns(self) -> float:
+        return self.fp32_TFLOPS * 1e3
+
+    @property
+    def device_label(self) -> str:
+        return f"{self.name} (simulated, {self.gpu} calibration, host profile {self.host_profile})"
+
+    def with_host(self, profile: str | None = None, **overrides: float) -> Calibration:
+        """The same device under another host profile and/or with some host costs overridden
+        (e.g. ``cal.with_host(launch_ns=9000)`` to model a slower-launch host)."""
+        cal = self
+        if profile is not None:
+            if profile not in self.host_profiles:
+                raise CalibrationError(f"unknown host profile {profile!r} for {self.gpu}; known: "
+                                       f"{', '.join(self.host_profiles)}")
+            cal = replace(cal, host=self.host_profiles[profile], host_profile=profile)
+        if overrides:
+            bad = sorted(set(overrides) - {f.name for f in fields(HostCosts)})
+            if bad:
+                raise CalibrationError(f"unknown host cost field(s) {bad}; known: "
+                                       f"{', '.join(f.name for f in fields(HostCosts))}")
+            cal = replace(cal, host=replace(cal.host, **{k: float(v) for k, v in overrides.items()}),
+                          host_profile=f"{cal.host_profile}+custom")
+        return cal
+
+
+_DEVICE_FIELDS = [f.name for f in fields(Calibration)
+                  if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources")]
+_HOST_FIELDS = [f.name for f in fields(HostCosts)]
+
+
+def known_gpus(directory: Path = CALIBRATION_DIR) -> list[str]:
+    return sorted(p.stem for p in directory.glob("*.json"))
+
+
+def load_calibration(gpu: str = "h100", host: str | None = None, path: str | Path | None = None) -> Calibration:
+    """The calibration of ``gpu`` (``h100``, ``h200``, ...) or of the file at ``path``, under
+    host profile ``host`` (default: the file's ``default_host_profile``)."""
+    if path is None:
+        p = CALIBRATION_DIR / f"{gpu.lower()}.json"
+        if not p.exists():
+            raise CalibrationError(f"no calibration for GPU {gpu!r}; known GPUs: {', '.join(known_gpus())} "
+                                   f"(files in {CALIBRATION_DIR}); pass --gpu with one of them")
+    else:
+        p = Path(path)
+        if not p.exists():
+            raise CalibrationError(f"calibration file {p} does not exist")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as e:
+        raise CalibrationError(f"{p}: not valid JSON ({e})") from None
+    return parse_calibration(data, str(p), host)
+
+
+def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | None = None) -> Calibration:
+    """Validate a calibration dict (every field present, numeric, sourced) and build it."""
+    for key in ("gpu", "name", "device", "host_profiles", "sources"):
+        if key not in data:
+            raise CalibrationError(f"{origin}: missing top-level key {key!r}")
+    device, profiles, sources = data["device"], data["host_profiles"], data["sources"]
+    _check_keys(origin, "device", device, _DEVICE_FIELDS)
+    if not profiles:
+        raise CalibrationError(f"{origin}: host_profiles is empty; add at least one profile")
+    for name, prof in profiles.items():
+        _check_keys(origin, f"host_profiles.{name}", prof, _HOST_FIELDS)
+    expected = {f"device.{k}" for k in _DEVICE_FIELDS}
+    expected |= {f"host_profiles.{n}.{k}" for n in profiles for k in _HOST_FIELDS}
+    missing = sorted(expected - set(sources))
+    if missing:
+        raise CalibrationError(f"{origin}: field(s) without a source: {missing}; every number needs "
+                               "its source (measurement, datasheet, derivation or stated assumption)")
+    stray = sorted(set(sources) - expected)
+    if stray:
+        raise CalibrationError(f"{origin}: sources for unknown field(s): {stray}")
+    empty = sorted(k for k, v in sources.items() if not str(v).strip())
+    if empty:
+        raise CalibrationError(f"{origin}: empty source text for {empty}")
+
+    dev: dict[str, Any] = {}
+    for k in _DEVICE_FIELDS:
+        v = device[k]
+        if k == "compute_capability":
+            if not (isinstance(v, list | tuple) and len(v) == 2 and all(isinstance(x, int) for x in v)):
+                raise CalibrationError(f"{origin}: device.compute_capability must be [major, minor], got {v!r}")
+            dev[k] = (int(v[0]), int(v[1]))
+            continue
+        dev[k] = _number(origin, f"device.{k}", v)
+    for k in ("sm_count", "max_threads_per_sm"):
+        dev[k] = int(dev[k])
+    for k in ("sm_count", "max_threads_per_sm", "dram_bandwidth_GBps", "dram_latency_ns",
+              "bytes_in_flight_per_thread", "fp32_TFLOPS", "pcie_GBps"):
+        if dev[k] <= 0:
+            raise CalibrationError(f"{origin}: device.{k} must be > 0, got {dev[k]}")
+    for k in ("dram_efficiency", "pdl_late_read_fraction"):
+        if not 0 <= dev[k] <= 1:
+            raise CalibrationError(f"{origin}: device.{k} must be within [0, 1], got {dev[k]}")
+    if dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"] > dev["kernel_fixed_ns"]:
+        raise CalibrationError(f"{origin}: pdl_prologue_ns + pdl_first_read_setup_ns must not exceed kernel_fixed_ns")
+
+    host_profiles = {name: HostCosts(**{k: _number(origin, f"host_profiles.{name}.{k}", prof[k])
+                                        for k in _HOST_FIELDS})
+                     for name, prof in profiles.items()}
+    profile = host or data.get("default_host_profile") or next(iter(host_profiles))
+    if profile not in host_profiles:
+        raise CalibrationError(f"unknown host profile {profile!r} for {data['gpu']}; known: "
+                               f"{', '.join(host_profiles)}")
+    return Calibration(gpu=str(data["gpu"]), name=str(data["name"]), host=host_profiles[profile],
+                       host_profile=profile, host_profiles=host_profiles, sources=dict(sources), **dev)
+
+
+def _check_keys(origin: str, where: str, section: dict[str, Any], expected: list[str]) -> None:
+    missing = [k for k in expected if k not in section]
+    if missing:
+        raise CalibrationError(f"{origin}: {where} is missing field(s) {missing}")
+    extra = sorted(set(section) - set(expected))
+    if extra:
+        raise CalibrationError(f"{origin}: {where} has unknown field(s) {extra}; known: {expected}")
+
+
+def _number(origin: str, key: str, v: Any) -> float:
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise CalibrationError(f"{origin}: {key} must be a number, got {v!r}")
+    if v < 0:
+        raise CalibrationError(f"{origin}: {key} must be >= 0, got {v}")
+    return float(v)

@@ -1,0 +1,143 @@
+"""Roofline cost of one kernel: what the simulator needs to time a node on a calibrated GPU.
+
+A kernel costs a fixed part (block launch, ramp-down, grid completion: ``kernel_fixed_ns``,
+measured) plus its work: ``max(bytes / bandwidth, flops / rate)``. A small grid cannot use the
+whole GPU: by Little's law a kernel keeps ``threads x bytes_in_flight_per_thread`` bytes in flight,
+so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwidth, and its
+compute rate is limited to the share of SMs it occupies. That fraction is the kernel's ``cap``;
+concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps.
+
+Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels for a decode step
+(one token): one block per output row for mat-vec, one block per row for norms and softmax,
+256-thread blocks over the elements for element-wise ops.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from math import ceil
+
+from ..graph import Node
+from .calibration import Calibration
+
+#: ggml op -> CUDA kernel name as Nsight Systems shows it for llama.cpp's CUDA backend.
+KERNEL_NAMES = {
+    "GET_ROWS": "k_get_rows_float",
+    "RMS_NORM": "rms_norm_f32",
+    "RMS_NORM_MUL": "rms_norm_f32<mul>",
+    "L2_NORM": "l2_norm_f32",
+    "NORM_GATED": "rms_norm_f32<mul,silu>",
+    "MUL": "k_bin_bcast<op_mul>",
+    "ADD": "k_bin_bcast<op_add>",
+    "DIV": "k_bin_bcast<op_div>",
+    "ADD_ID": "add_id_kernel",
+    "SCALE": "scale_f32",
+    "SIGMOID": "unary_op_kernel<op_sigmoid>",
+    "SOFTPLUS": "unary_op_kernel<op_softplus>",
+    "SILU": "unary_op_kernel<op_silu>",
+    "SUM_ROWS": "k_sum_rows_f32",
+    "GLU": "swiglu_kernel",
+    "SOFT_MAX": "soft_max_f32",
+    "ARGSORT_TOP_K": "k_argsort_f32_i32",
+    "ROPE": "rope_f32",
+    "MUL_MAT": "mul_mat_vec_f",
+    "MUL_MAT_ID": "mul_mat_vec_f<ids>",
+    "SET_ROWS": "k_set_rows",
+    "FLASH_ATTN_EXT": "flash_attn_ext_vec",
+    "CPY": "cpy_flt",
+    "SSM_CONV": "ssm_conv_f32",
+    "GATED_DELTA_NET": "gated_delta_net_f32",
+}
+
+_ELEMENTWISE_BLOCK = 256   # CUDA_*_BLOCK_SIZE of ggml's element-wise, copy, rope and set_rows kernels
+_FATTN_KQ_STRIDE = 256     # ggml's FATTN_KQ_STRIDE: KV rows one flash-attention block handles per pass
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Timing inputs of one kernel on one GPU.
+
+    ``work_ns``: the work at the whole GPU's rate (max of memory and compute time);
+    ``cap``: the largest share of the GPU the grid can use (so alone it runs ``work_ns / cap``);
+    ``occupancy``: share of the GPU's resident-thread slots its blocks hold (admission of
+    concurrent / PDL-early kernels); ``write_fraction``: share of the work that is the epilogue
+    writing the result (where an ``after-main-loop`` PDL trigger fires).
+    """
+
+    name: str
+    blocks: int
+    threads: int
+    bytes: float
+    flops: float
+    work_ns: float
+    cap: float
+    occupancy: float
+    write_fraction: float
+    fixed_ns: float
+
+    @property
+    def duration_ns(self) -> float:
+        """Duration alone on an idle GPU."""
+        return self.fixed_ns + (self.work_ns / self.cap if self.work_ns > 0 else 0.0)
+
+
+def kernel_name(node: Node) -> str:
+    return KERNEL_NAMES.get(node.op, node.op.lower())
+
+
+def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
+    """(blocks, threads per block) of ``node``'s kernel as llama.cpp launches it for one token."""
+    op, dst = node.op, node.dst
+    rows = max(1, dst.numel // dst.shape[-1]) if dst.shape else 1
+    if op == "MUL_MAT":
+        return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
+    if op == "MUL_MAT_ID":
+        return max(1, dst.numel), 256                      # rows of every selected expert
+    if op in ("RMS_NORM", "RMS_NORM_MUL", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS"):
+        src = node.srcs[0]
+        ncols = src.shape[-1] if src.shape else 1
+        nrows = max(1, src.numel // max(1, ncols))
+        if op in ("SOFT_MAX", "ARGSORT_TOP_K"):
+            return nrows, min(1024, 1 << max(5, (ncols - 1).bit_length()))
+        return nrows, (1024 if ncols >= 1024 else 32)      # ggml: a warp per row below 1024 columns
+    if op == "ROPE":
+        ne0 = dst.shape[-1]
+        return rows * ceil(ne0 / (2 * _ELEMENTWISE_BLOCK)), _ELEMENTWISE_BLOCK
+    if op == "FLASH_ATTN_EXT":
+        q, k = node.srcs[0], node.srcs[1]
+        n_head, n_kv = q.shape[-2], k.shape[0]
+        parallel = max(1, min(ceil(n_kv / _FATTN_KQ_STRIDE), ceil(2 * sm_count / n_head)))
+        return n_head * parallel, 128
+    if op == "GATED_DELTA_NET":
+        h_v, _, d_v = node.srcs[5].shape
+        return h_v * ceil(d_v / 32), 128                   # a warp per 32 state columns, per head
+    if op == "SSM_CONV":
+        return ceil(node.srcs[2].shape[0] / 128), 128      # a thread per channel
+    n = max(1, sum(o.numel for o in node.outs[:1]))
+    return ceil(n / _ELEMENTWISE_BLOCK), _ELEMENTWISE_BLOCK
+
+
+def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
+    """Roofline cost of ``node`` on the GPU of ``cal``."""
+    blocks, threads = launch_geometry(node, cal.sm_count)
+    nbytes, flops = float(node.bytes), float(node.flops)
+    mem_ns = nbytes / cal.dram_Bpns
+    cmp_ns = flops / cal.fp32_flops_per_ns
+    slots = cal.sm_count * cal.max_threads_per_sm
+    resident = min(blocks * threads, slots)
+    mem_cap = min(1.0, resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns))
+    sm_cap = min(1.0, min(blocks, cal.sm_count) / cal.sm_count)
+    work = max(mem_ns, cmp_ns)
+    alone = max(mem_ns / mem_cap, cmp_ns / sm_cap)
+    cap = work / alone if alone > 0 else 1.0
+    written = float(sum(o.nbytes for o in node.outs))
+    return KernelCost(
+        name=kernel_name(node), blocks=blocks, threads=threads, bytes=nbytes, flops=flops,
+        work_ns=work, cap=cap, occupancy=min(1.0, blocks * threads / slots),
+        write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0, fixed_ns=cal.kernel_fixed_ns,
+    )
+
+
+def memcpy_ns(nbytes: int, cal: Calibration) -> float:
+    """Device time of one host<->device copy on a copy engine."""
+    return cal.memcpy_latency_ns + nbytes / cal.pcie_GBps
