@@ -335,3 +335,12 @@ def test_safetensors_missing_or_misshaped_tensor_is_named(tmp_path):
     with pytest.raises(ConfigError, match=r"'model.layers.0.mlp.experts.down_proj' has shape \[8, 64, 32\], "
                                           r"the graph expects \[8, 32, 64\]"):
         load_safetensors(graph, tmp_path / "bad.safetensors")
+
+
+def test_preset_configs_do_not_share_nested_dicts():
+    """transformers writes into the ``rope_scaling`` dict it is given; presets must not change."""
+    cfg = preset("gpt-oss-tiny")
+    cfg.hf["rope_scaling"]["rope_theta"] = 1.0
+    cfg.with_(layers=1).hf["rope_scaling"]["factor"] = 2.0
+    assert PRESETS["gpt-oss-tiny"]["rope_scaling"] == preset("gpt-oss-tiny").hf["rope_scaling"]
+    assert "rope_theta" not in PRESETS["gpt-oss-tiny"]["rope_scaling"]

@@ -7,6 +7,7 @@ choices the workbench adds: context length, a layer override and storage dtypes.
 
 from __future__ import annotations
 
+import copy
 import json
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -78,7 +79,7 @@ class ModelConfig:
     def with_(self, *, layers: int | None = None, context: int | None = None,
               weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelConfig:
         """A copy with run-time overrides (``--layers``, ``--context``)."""
-        hf = dict(self.hf)
+        hf = copy.deepcopy(self.hf)
         if layers is not None:
             if layers < 1:
                 raise ConfigError(f"--layers must be >= 1, got {layers}")
@@ -102,7 +103,7 @@ class ModelConfig:
 def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None, **runtime: Any) -> ModelConfig:
     """A ModelConfig from a Hugging Face ``config.json`` (path or dict)."""
     if isinstance(source, dict):
-        hf = dict(source)
+        hf = copy.deepcopy(source)
     else:
         path = Path(source)
         if path.is_dir():
