@@ -30,8 +30,17 @@ class RacePair:
     second: int
 
 
-def _overlap_exact(a, b) -> bool:
-    return a.overlaps(b)
+def _runs_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """True when two sorted lists of byte runs share a byte (a merge, as View.overlaps)."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
+            return True
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
 
 
 def _candidate_chunks(lo: np.ndarray, hi: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -61,6 +70,13 @@ def find_races(hb: HappensBefore, table: AccessTable) -> tuple[list[RacePair], i
     matrix = hb.matrix()
     races: list[RacePair] = []
     checked = 0
+    cache: dict[int, list[tuple[int, int]]] = {}
+
+    def runs(k: int) -> list[tuple[int, int]]:
+        if k not in cache:
+            cache[k] = table.accesses[k].view.intervals()
+        return cache[k]
+
     order = np.lexsort((col["lo"], col["buffer"]))
     buf_sorted = col["buffer"][order]
     bounds = np.flatnonzero(np.diff(buf_sorted)) + 1
@@ -78,7 +94,7 @@ def find_races(hb: HappensBefore, table: AccessTable) -> tuple[list[RacePair], i
             if strided.any():
                 exact = np.ones(len(i), bool)
                 for k in np.flatnonzero(strided):
-                    exact[k] = _overlap_exact(table.accesses[i[k]].view, table.accesses[j[k]].view)
+                    exact[k] = _runs_overlap(runs(i[k]), runs(j[k]))
                 i, j = i[exact], j[exact]
             checked += len(i)
             swap = col["op"][i] > col["op"][j]

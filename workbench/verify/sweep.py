@@ -1,0 +1,34 @@
+"""The knob space the verifier must prove race-free: every valid Strategy.
+
+Two knob values are unsafe by design and excluded: PDL wait ``late`` (offered only to study
+the race) and concurrent streams (``qkv``/``auto``) with ``serial-reuse`` allocation (seed
+001's bug: ggml-alloc recycles bytes another stream still uses). Everything else must verify.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+
+from ..strategy.strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, STREAM_MODES, SYNC_MODES, Strategy
+
+SAFE_WAITS = ("start", "first-read")
+
+
+def fusion_sets() -> list[frozenset[str]]:
+    return [frozenset(c) for k in range(len(FUSIONS) + 1) for c in itertools.combinations(FUSIONS, k)]
+
+
+def pdl_options() -> list[dict]:
+    return [dict(pdl=False)] + [dict(pdl=True, pdl_wait=w, pdl_trigger=t)
+                                for w in SAFE_WAITS for t in PDL_TRIGGERS]
+
+
+def valid_strategies() -> Iterator[Strategy]:
+    """Every combination of sync x graphs x streams x allocator x PDL placement x fusion set
+    that is meant to be race-free."""
+    for sync, graphs, streams, allocator in itertools.product(SYNC_MODES, (False, True), STREAM_MODES, ALLOCATORS):
+        if streams != "single" and allocator == "serial-reuse":
+            continue
+        for pdl, fusion in itertools.product(pdl_options(), fusion_sets()):
+            yield Strategy(sync=sync, graphs=graphs, streams=streams, allocator=allocator, fusion=fusion, **pdl)
