@@ -1,0 +1,526 @@
+"""The lab's control panel: every knob as a widget, a Run button, and what a run shows.
+
+``ControlPanel`` puts a model (preset, layers, context, start position, tokens), a backend
+(``sim`` with a GPU calibration and host profile, ``cuda`` only where a GPU is present) and every
+Strategy knob, PDL wait and trigger per kernel family included, above four outputs: the Nsight-like
+timeline, a stats table of the run history with the speedup against a pinned baseline, the
+baseline-vs-run comparison, and the race check's verdict. Export buttons write the shown run as
+HTML, PNG, SVG or Perfetto JSON and say where the file went.
+
+Why it is built this way:
+
+* **never block the kernel**: a click or a knob change only queues a run; one worker thread
+  executes runs one after another, so the kernel keeps answering while a long run (a big model,
+  a GPU run, a race check of thousands of accesses) is in flight. ``run()`` is the same work,
+  synchronous, for notebooks and tests.
+* **never lose a run**: every finished run goes into a short history (``history_size``); the
+  stats table lists them all, any of them can be shown again, and one is pinned as the
+  baseline every later run is compared with.
+* **errors stay in the panel**: an impossible knob combination or a failing backend is shown
+  in the status line; the previous run stays on screen.
+"""
+
+from __future__ import annotations
+
+import html
+import threading
+import time
+import warnings
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import ipywidgets as W
+import pandas as pd
+import plotly.graph_objects as go
+
+from ..exec.calibration import known_gpus, load_calibration
+from ..exec.run import Run
+from ..graph import KERNEL_FAMILIES
+from ..models import ModelConfig, load_config
+from ..models.presets import PRESETS
+from ..strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
+from ..verify import RaceReport, verify
+from .timeline import timeline, timeline_widget
+
+#: per-family dropdown value meaning "use the global wait / trigger"
+GLOBAL = "(global)"
+#: stages of one run, for the progress bar
+STAGES = ("build + compile + execute", "stats", "race check", "draw")
+
+
+@dataclass
+class Entry:
+    """One finished run of the history: what was asked, what came back, and its race verdict."""
+
+    n: int
+    model: str
+    backend: str
+    gpu: str
+    strategy: Strategy
+    run: Run
+    races: RaceReport | None
+    seconds: float
+    settings: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def label(self) -> str:
+        where = f"{self.gpu}/{self.settings.get('host')}" if self.backend == "sim" else self.backend
+        return f"#{self.n} {self.model} {self.strategy.label()} @{where}"
+
+    @property
+    def us_per_token(self) -> float:
+        return float(self.run.stats.get("us_per_token", float("nan")))
+
+
+class ControlPanel:
+    """Widgets for one model + strategy, a run history and the views of the shown run.
+
+    ``ControlPanel(model="llama-3.2-1b", strategy=Strategy(graphs=True))`` sets initial values;
+    display it as the last expression of a cell. ``run()`` runs synchronously and returns the
+    Entry; the Run button and (with ``auto`` ticked) every knob change queue a run on the worker
+    thread; ``wait()`` blocks until the queue is empty.
+    """
+
+    def __init__(self, model: str = "llama-3.2-1b", *, layers: int | None = None, context: int = 512,
+                 position: int = 0, tokens: int = 8, backend: str | None = None, gpu: str = "h100",
+                 host: str | None = None, strategy: Strategy | None = None, auto: bool = False,
+                 race_check: bool = True, history_size: int = 8, out_dir: str | Path = "exports") -> None:
+        self.history: deque[Entry] = deque(maxlen=history_size)
+        self.baseline: Entry | None = None
+        self.shown: Entry | None = None
+        self.out_dir = Path(out_dir)
+        self.last_error: str | None = None
+        self._n = 0
+        self._quiet = 0
+        self._lock = threading.Lock()
+        self._cv = threading.Condition()
+        self._jobs: dict[str, Callable[[], object]] = {}
+        self._worker: threading.Thread | None = None
+        self._idle = threading.Event()
+        self._idle.set()
+
+        style = {"description_width": "92px"}
+        wide = W.Layout(width="250px")
+        # -- model -------------------------------------------------------------------------
+        self.model = W.Dropdown(options=list(PRESETS), value=model, description="model", style=style, layout=wide)
+        self.layers = W.BoundedIntText(value=0, min=0, max=1024, description="layers", style=style, layout=wide,
+                                       tooltip="0 = all layers of the preset")
+        self.context = W.BoundedIntText(value=context, min=1, max=1 << 20, description="context", style=style,
+                                        layout=wide)
+        self.position = W.BoundedIntText(value=position, min=0, max=1 << 20, description="position", style=style,
+                                         layout=wide, tooltip="KV position of the first decoded token")
+        self.tokens = W.BoundedIntText(value=tokens, min=1, max=4096, description="tokens", style=style,
+                                       layout=wide)
+        # -- backend -----------------------------------------------------------------------
+        offered = available_backends()
+        self.backend = W.Dropdown(options=offered, value=backend or offered[0], description="backend",
+                                  style=style, layout=wide)
+        self.gpu = W.Dropdown(options=known_gpus(), value=gpu, description="calibration", style=style,
+                              layout=wide)
+        self.host = W.Dropdown(options=[], description="host profile", style=style, layout=wide)
+        self._fill_hosts(host)
+        # -- strategy ----------------------------------------------------------------------
+        self.sync = W.ToggleButtons(options=list(SYNC_MODES), description="sync", style={"button_width": "78px"})
+        self.graphs = W.Checkbox(description="CUDA graphs", indent=False)
+        self.streams = W.ToggleButtons(options=list(STREAM_MODES), description="streams",
+                                       style={"button_width": "62px"})
+        self.max_streams = W.BoundedIntText(value=4, min=1, max=16, description="max streams", style=style,
+                                            layout=W.Layout(width="160px"))
+        self.pdl = W.Checkbox(description="PDL", indent=False)
+        self.pdl_wait = W.Dropdown(options=list(PDL_WAITS), description="wait", style={"description_width": "40px"},
+                                   layout=W.Layout(width="170px"))
+        self.pdl_trigger = W.Dropdown(options=list(PDL_TRIGGERS), description="trigger",
+                                      style={"description_width": "50px"}, layout=W.Layout(width="200px"))
+        self.family_wait = {f: W.Dropdown(options=[GLOBAL, *PDL_WAITS], layout=W.Layout(width="110px"))
+                            for f in KERNEL_FAMILIES}
+        self.family_trigger = {f: W.Dropdown(options=[GLOBAL, *PDL_TRIGGERS], layout=W.Layout(width="140px"))
+                               for f in KERNEL_FAMILIES}
+        self.fusion = {f: W.Checkbox(description=f, indent=False, layout=W.Layout(width="130px")) for f in FUSIONS}
+        self.allocator = W.Dropdown(options=list(ALLOCATORS), description="allocator", style=style, layout=wide)
+        # -- actions and outputs -------------------------------------------------------------
+        self.auto = W.Checkbox(value=auto, description="run on every change", indent=False,
+                               layout=W.Layout(width="170px"))
+        self.race_check = W.Checkbox(value=race_check, description="race check", indent=False,
+                                     layout=W.Layout(width="110px"))
+        self.run_button = W.Button(description="Run", button_style="primary", icon="play")
+        self.pin_button = W.Button(description="Pin as baseline", icon="thumb-tack")
+        self.progress = W.IntProgress(value=0, min=0, max=len(STAGES), layout=W.Layout(width="160px"))
+        self.status = W.HTML()
+        self.summary = W.HTML()
+        self.history_select = W.Dropdown(options=[], description="show", style={"description_width": "40px"},
+                                         layout=W.Layout(width="420px"))
+        self.export_buttons = {fmt: W.Button(description=fmt.upper() if fmt != "json" else "Perfetto JSON",
+                                             icon="download", layout=W.Layout(width="auto"))
+                               for fmt in ("html", "png", "svg", "json")}
+        self.export_status = W.HTML()
+        self.timeline_box = W.Box(layout=W.Layout(width="100%"))
+        self.compare_box = W.Box(layout=W.Layout(width="100%"))
+        self.stats_html = W.HTML()
+        self.races_html = W.HTML()
+        self.figure: go.FigureWidget | None = None
+        self.compare_figure: go.FigureWidget | None = None
+
+        self.set_strategy(strategy or Strategy())
+        self.layers.value = layers or 0
+        self._wire()
+        self.ui = self._layout()
+        self._show_status("ready: set the knobs and press Run")
+
+    # -------------------------------------------------------------------------- reading knobs
+    def strategy(self) -> Strategy:
+        """The Strategy the widgets describe (raises StrategyError for an impossible one)."""
+        families = tuple(
+            (f, self.family_wait[f].value if self.family_wait[f].value != GLOBAL else self.pdl_wait.value,
+             self.family_trigger[f].value if self.family_trigger[f].value != GLOBAL else self.pdl_trigger.value)
+            for f in KERNEL_FAMILIES
+            if self.family_wait[f].value != GLOBAL or self.family_trigger[f].value != GLOBAL)
+        return Strategy(sync=self.sync.value, graphs=self.graphs.value, streams=self.streams.value,
+                        max_streams=self.max_streams.value, pdl=self.pdl.value, pdl_wait=self.pdl_wait.value,
+                        pdl_trigger=self.pdl_trigger.value, pdl_families=families,
+                        fusion=frozenset(f for f, w in self.fusion.items() if w.value), allocator=self.allocator.value)
+
+    def set_strategy(self, s: Strategy) -> None:
+        """Set every knob widget from ``s`` without triggering runs."""
+        self._quiet += 1
+        try:
+            self.sync.value, self.graphs.value, self.streams.value = s.sync, s.graphs, s.streams
+            self.max_streams.value, self.pdl.value = s.max_streams, s.pdl
+            self.pdl_wait.value, self.pdl_trigger.value = s.pdl_wait, s.pdl_trigger
+            overrides = {f: (w, t) for f, w, t in s.pdl_families}
+            for f in KERNEL_FAMILIES:
+                w, t = overrides.get(f, (GLOBAL, GLOBAL))
+                self.family_wait[f].value, self.family_trigger[f].value = w, t
+            for f, box in self.fusion.items():
+                box.value = f in s.fusion
+            self.allocator.value = s.allocator
+        finally:
+            self._quiet -= 1
+        self._sync_enabled()
+
+    def config(self) -> ModelConfig:
+        return load_config(self.model.value, layers=self.layers.value or None, context=self.context.value)
+
+    def settings(self) -> dict[str, Any]:
+        """Model and backend settings of the next run (what the history records beside the Strategy)."""
+        return {"model": self.model.value, "layers": self.layers.value or None, "context": self.context.value,
+                "position": self.position.value, "tokens": self.tokens.value, "backend": self.backend.value,
+                "gpu": self.gpu.value, "host": self.host.value}
+
+    # -------------------------------------------------------------------------- running
+    def run(self) -> Entry | None:
+        """Run the current settings now (in the calling thread); the Entry, or None on error
+        (the message is in the status line and ``last_error``)."""
+        with self._lock:
+            return self._run_once()
+
+    def request_run(self) -> None:
+        """Queue a run on the worker thread and return at once (queued runs coalesce)."""
+        self._submit("run", self.run)
+
+    def request_export(self, fmt: str) -> None:
+        """Queue an export of the shown run on the worker thread (kaleido takes seconds)."""
+        self.export_status.value = f"writing {fmt} …"
+        self._submit(f"export-{fmt}", lambda: self.export(fmt))
+
+    def wait(self, timeout: float | None = 120.0) -> bool:
+        """Block until queued work is done; False on timeout."""
+        return self._idle.wait(timeout)
+
+    def _submit(self, key: str, job: Callable[[], object]) -> None:
+        with self._cv:
+            self._jobs[key] = job
+            self._idle.clear()
+            if self._worker is None:
+                self._worker = threading.Thread(target=self._work, name="workbench-panel", daemon=True)
+                self._worker.start()
+
+    def _work(self) -> None:
+        while True:
+            with self._cv:
+                if not self._jobs:
+                    self._worker = None
+                    self._idle.set()
+                    return
+                key = next(iter(self._jobs))
+                job = self._jobs.pop(key)
+            job()
+
+    def _run_once(self) -> Entry | None:
+        self.progress.value = 0
+        self.progress.bar_style = "info"
+        self.run_button.disabled = True
+        t0 = time.perf_counter()
+        try:
+            settings = self.settings()
+            strategy = self.strategy()
+            cfg = self.config()
+            self._show_status(f"running {html.escape(cfg.name)} · {html.escape(strategy.label())} "
+                              f"on {settings['backend']} …")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always")
+                run = execute(cfg, strategy, settings)
+            self.progress.value = 2
+            races = None
+            if self.race_check.value and run.plan is not None:
+                self._show_status("race check …")
+                races = verify(run.plan, tokens=2)
+            self.progress.value = 3
+            self._n += 1
+            entry = Entry(self._n, cfg.name, run.backend, settings["gpu"], strategy, run, races,
+                          time.perf_counter() - t0, settings)
+            self.history.append(entry)
+            if self.baseline is None:
+                self.baseline = entry
+            self.show(entry)
+            self.progress.value = len(STAGES)
+            self.progress.bar_style = "success"
+            notes = sorted({str(w.message) for w in caught})
+            self.last_error = None
+            self._show_status(f"run #{entry.n} done in {entry.seconds:.2f} s on {html.escape(run.device)}"
+                              + "".join(f"<br>⚠ {html.escape(n)}" for n in notes))
+            return entry
+        except Exception as e:  # noqa: BLE001 - the panel must survive any failure and show it
+            self.last_error = f"{type(e).__name__}: {e}"
+            self.progress.bar_style = "danger"
+            tb = html.escape(f"{type(e).__name__}: {e}")
+            self._show_status(f"<span style='color:#b00020'><b>run failed</b>: {tb}</span>"
+                              + (" (the previous run is still shown)" if self.shown else ""))
+            return None
+        finally:
+            self.run_button.disabled = False
+
+    # -------------------------------------------------------------------------- showing
+    def show(self, entry: Entry) -> None:
+        """Show ``entry`` (any run of the history): timeline, comparison, stats, races."""
+        self.shown = entry
+        title = f"{entry.label} · {entry.run.device}"
+        fig = timeline_widget(timeline(entry.run.trace, title=title))
+        old, self.figure = self.figure, fig
+        self.timeline_box.children = (fig,)
+        if old is not None:
+            old.close()
+        self._show_compare()
+        self._refresh_tables()
+
+    def pin(self, entry: Entry | None = None) -> None:
+        """Pin ``entry`` (default: the shown run) as the baseline of every speedup."""
+        entry = entry or self.shown
+        if entry is None:
+            self._show_status("nothing to pin yet: run first")
+            return
+        self.baseline = entry
+        self._show_compare()
+        self._refresh_tables()
+        self._show_status(f"baseline is now {html.escape(entry.label)}")
+
+    def speedup(self, entry: Entry | None = None) -> float:
+        """Baseline time per token over the entry's (> 1: the entry is faster)."""
+        entry = entry or self.shown
+        if entry is None or self.baseline is None:
+            return float("nan")
+        return self.baseline.us_per_token / entry.us_per_token
+
+    def stats_table(self) -> pd.DataFrame:
+        """One row per run of the history, with the speedup against the baseline."""
+        rows = []
+        for e in self.history:
+            s = e.run.stats
+            rows.append({
+                "run": e.n, "model": e.model, "backend": e.backend, "strategy": e.strategy.label(),
+                "µs/token": s.get("us_per_token"), "tokens/s": s.get("tokens_per_s"),
+                "kernels/token": s.get("kernels_per_token"), "launches/token": s.get("launches_per_token"),
+                "syncs/token": s.get("syncs_per_token"), "GPU busy": s.get("gpu_busy_fraction"),
+                "memory MiB": s.get("memory_bytes", float("nan")) / 2**20,
+                "speedup": self.speedup(e),
+                "races": "not checked" if e.races is None else len(e.races.races),
+                "baseline": "◀" if e is self.baseline else "",
+            })
+        return pd.DataFrame(rows)
+
+    def _show_compare(self) -> None:
+        base, cur = self.baseline, self.shown
+        if base is None or cur is None:
+            return
+        if base is cur:
+            self.compare_box.children = (W.HTML("<p>the shown run is the baseline: pin another run, or run "
+                                                 "again with other knobs, to compare</p>"),)
+            return
+        from .compare import compare
+
+        runs = {f"baseline {base.label}": base.run.trace, cur.label: cur.run.trace}
+        common = sorted(set(base.run.trace.tokens()) & set(cur.run.trace.tokens()))
+        align = common[1] if len(common) > 1 else (common[0] if common else 0)
+        fig = go.FigureWidget(compare(runs, align_token=align,
+                                       title=f"steady-state speedup {self.speedup(cur):.3f}x"))
+        old, self.compare_figure = self.compare_figure, fig
+        self.compare_box.children = (fig,)
+        if old is not None:
+            old.close()
+
+    def _refresh_tables(self) -> None:
+        e = self.shown
+        if e is None:
+            return
+        s = e.run.stats
+        sp = self.speedup(e)
+        verdict = _verdict(e.races)
+        self.summary.value = (
+            f"<div style='font-size:14px'><b>{html.escape(e.label)}</b> · {s['us_per_token']:,.1f} µs/token · "
+            f"{s['tokens_per_s']:,.1f} tokens/s · <b>{sp:.3f}x</b> vs baseline "
+            f"{html.escape(self.baseline.label) if self.baseline else '-'} · {verdict}</div>")
+        table = self.stats_table()
+        fmt = {"µs/token": "{:,.1f}", "tokens/s": "{:,.1f}", "kernels/token": "{:,.1f}",
+               "launches/token": "{:,.1f}", "syncs/token": "{:,.1f}", "GPU busy": "{:.1%}",
+               "memory MiB": "{:,.1f}", "speedup": "{:.3f}x"}
+        self.stats_html.value = table.style.format(fmt, na_rep="-").hide(axis="index").to_html()
+        self.races_html.value = _race_html(e.races)
+        self._quiet += 1
+        try:
+            self.history_select.options = [(x.label + f" · {x.us_per_token:,.1f} µs/token", x.n)
+                                           for x in reversed(self.history)]
+            self.history_select.value = e.n
+        finally:
+            self._quiet -= 1
+
+    # -------------------------------------------------------------------------- export
+    def export(self, fmt: str) -> Path | None:
+        """Write the shown run as ``html``, ``png``, ``svg`` (its timeline) or ``json``
+        (Perfetto trace) under ``out_dir``; the path, or None with the error shown."""
+        from .export import export
+
+        e = self.shown
+        if e is None:
+            self.export_status.value = "nothing to export yet: run first"
+            return None
+        slug = f"{e.model}_{e.strategy.label()}_run{e.n}".replace("/", "-").replace("(", "").replace(")", "")
+        path = self.out_dir / f"{slug.replace(',', '-')}.{fmt}"
+        try:
+            self.out_dir.mkdir(parents=True, exist_ok=True)
+            obj = e.run.trace if fmt == "json" else timeline(e.run.trace, title=e.label)
+            out = export(obj, path).resolve()
+        except Exception as err:  # noqa: BLE001
+            self.export_status.value = f"<span style='color:#b00020'>export failed: {html.escape(str(err))}</span>"
+            return None
+        self.export_status.value = (f"wrote <code>{html.escape(str(out))}</code> "
+                                    f"({out.stat().st_size / 1024:,.0f} KiB)")
+        return out
+
+    # -------------------------------------------------------------------------- wiring
+    def _fill_hosts(self, host: str | None = None) -> None:
+        cal = load_calibration(self.gpu.value)
+        self.host.options = list(cal.host_profiles)
+        self.host.value = host if host in cal.host_profiles else cal.host_profile
+
+    def _knobs(self) -> list[W.Widget]:
+        return [self.model, self.layers, self.context, self.position, self.tokens, self.backend, self.gpu, self.host,
+                self.sync, self.graphs, self.streams, self.max_streams, self.pdl, self.pdl_wait, self.pdl_trigger,
+                *self.family_wait.values(), *self.family_trigger.values(), *self.fusion.values(), self.allocator]
+
+    def _wire(self) -> None:
+        for w in self._knobs():
+            w.observe(self._on_knob, names="value")
+        self.gpu.observe(lambda _: self._fill_hosts(self.host.value), names="value")
+        self.model.observe(lambda _: setattr(self.layers, "value", 0), names="value")
+        self.run_button.on_click(lambda _: self.request_run())
+        self.pin_button.on_click(lambda _: self.pin())
+        for fmt, b in self.export_buttons.items():
+            b.on_click(lambda _, fmt=fmt: self.request_export(fmt))
+        self.history_select.observe(self._on_select, names="value")
+
+    def _on_knob(self, _change: dict) -> None:
+        if self._quiet:
+            return
+        self._sync_enabled()
+        if self.auto.value:
+            self.request_run()
+        elif self.shown is not None:
+            self._show_status("knobs changed: press Run (the shown run is unchanged)")
+
+    def _on_select(self, change: dict) -> None:
+        if self._quiet or change["new"] is None:
+            return
+        for e in self.history:
+            if e.n == change["new"] and e is not self.shown:
+                self.show(e)
+
+    def _sync_enabled(self) -> None:
+        on = self.pdl.value
+        self.pdl_wait.disabled = self.pdl_trigger.disabled = not on
+        for f in KERNEL_FAMILIES:
+            self.family_wait[f].disabled = self.family_trigger[f].disabled = not on
+        self.max_streams.disabled = self.streams.value == "single"
+        self.gpu.disabled = self.host.disabled = self.backend.value != "sim"
+
+    def _show_status(self, text: str) -> None:
+        self.status.value = f"<span style='font-size:13px'>{text}</span>"
+
+    def _layout(self) -> W.Widget:
+        model = W.VBox([W.HTML("<b>Model</b>"), self.model, self.layers, self.context, self.position, self.tokens])
+        backend = W.VBox([W.HTML("<b>Backend</b>"), self.backend, self.gpu, self.host, self.allocator,
+                          W.HBox(list(self.fusion.values()))])
+        strat = W.VBox([W.HTML("<b>Strategy</b>"), self.sync, W.HBox([self.streams, self.max_streams]),
+                        W.HBox([self.graphs, self.pdl, self.pdl_wait, self.pdl_trigger])])
+        grid = [W.HTML("<b>family</b>"), W.HTML("<b>wait</b>"), W.HTML("<b>trigger</b>")]
+        for f in KERNEL_FAMILIES:
+            grid += [W.Label(f), self.family_wait[f], self.family_trigger[f]]
+        families = W.Accordion([W.GridBox(grid, layout=W.Layout(grid_template_columns="110px 120px 150px"))])
+        families.set_title(0, "PDL placement per kernel family")
+        families.selected_index = None
+        actions = W.HBox([self.run_button, self.progress, self.auto, self.race_check, self.pin_button],
+                         layout=W.Layout(align_items="center"))
+        exports = W.HBox([W.Label("export shown run:"), *self.export_buttons.values(), self.export_status],
+                         layout=W.Layout(align_items="center"))
+        tabs = W.Tab([self.timeline_box, self.compare_box, W.VBox([self.stats_html]), self.races_html])
+        for i, t in enumerate(("Timeline", "vs baseline", "Stats", "Race check")):
+            tabs.set_title(i, t)
+        controls = W.HBox([model, backend, W.VBox([strat, families])], layout=W.Layout(flex_flow="row wrap"))
+        return W.VBox([controls, actions, self.status, self.summary, self.history_select, tabs, exports],
+                      layout=W.Layout(width="100%"))
+
+    def _repr_mimebundle_(self, **kwargs: Any) -> Any:
+        return self.ui._repr_mimebundle_(**kwargs)
+
+
+def available_backends() -> list[str]:
+    """Backends the panel offers: ``cuda`` first where a GPU is present, ``sim`` always."""
+    from ..bench import cuda_available
+
+    return ["cuda", "sim"] if cuda_available()[0] else ["sim"]
+
+
+def execute(cfg: ModelConfig, strategy: Strategy, settings: dict[str, Any], seed: int = 0) -> Run:
+    """Run ``settings['tokens']`` decode steps of ``cfg`` under ``strategy`` on the chosen backend,
+    through the same dispatch as ``workbench run`` (same token ids for the same seed)."""
+    import argparse
+
+    import numpy as np
+
+    from ..bench import run_backend
+
+    tokens = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), settings["tokens"])]
+    args = argparse.Namespace(start_pos=settings["position"], gpu=settings["gpu"], host_profile=settings["host"],
+                              seed=seed)
+    return run_backend(settings["backend"], cfg, strategy, tokens, args)
+
+
+def _verdict(report: RaceReport | None) -> str:
+    if report is None:
+        return "race check off"
+    if report.race_free:
+        return f"<span style='color:#1a7f37'>race-free</span> ({report.checked_pairs:,} conflicting pairs ordered)"
+    causes = ", ".join(f"{c} {n}" for c, n in sorted(report.by_cause().items()))
+    return f"<span style='color:#b00020'><b>{len(report.races)} race(s)</b></span> ({html.escape(causes)})"
+
+
+def _race_html(report: RaceReport | None) -> str:
+    if report is None:
+        return "<p>race check is off for this run</p>"
+    return f"<p>{_verdict(report)}</p><pre style='font-size:11px'>{html.escape(report.text(limit=10))}</pre>"
+
+
+def panel(**kwargs: Any) -> ControlPanel:
+    """``ControlPanel(**kwargs)``: the call a notebook cell ends with."""
+    return ControlPanel(**kwargs)
