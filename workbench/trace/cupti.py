@@ -45,9 +45,9 @@ SYNC_APIS = frozenset({
     "cudaEventSynchronize", "cuEventSynchronize",
 })
 
-#: CUPTI's ActivityMemcpyKind names -> the Trace's ``copy_kind`` and Nsight's memcpy label
-COPY_KINDS = {"HTOD": ("H2D", "HtoD"), "DTOH": ("D2H", "DtoH"), "DTOD": ("D2D", "DtoD"),
-              "HTOH": ("H2H", "HtoH"), "PTOP": ("P2P", "PtoP")}
+#: CUPTI's ActivityMemcpyKind names -> the Trace's ``copy_kind`` and Nsight Systems' memcpy label
+COPY_KINDS = {"HTOD": ("H2D", "Host-to-Device"), "DTOH": ("D2H", "Device-to-Host"),
+              "DTOD": ("D2D", "Device-to-Device"), "HTOH": ("H2H", "Host-to-Host"), "PTOP": ("P2P", "Peer-to-Peer")}
 
 _VERSION_SUFFIX = re.compile(r"(_v\d+)?(_ptsz|_ptds)?$")
 
@@ -196,27 +196,28 @@ def records_to_trace(records: Iterable[Mapping[str, Any]], token_marks: Sequence
         s = syncs.get(int(r["corr"]))
         rows.append(dict(row=API_ROW, kind="sync" if name in SYNC_APIS else "api", name=name,
                          start_ns=r["start"], end_ns=r["end"], stream=int(s["stream"]) if s else -1,
-                         corr_id=r["corr"], token=token_at(int(r["start"])), tid=r.get("tid", -1)))
+                         corr_id=r["corr"], token=token_at(int(r["start"])), tid=r.get("tid", -1),
+                         pid=r.get("pid", -1)))
     for corr, s in syncs.items():  # a synchronization record whose API call was not traced
         if corr not in api_by_corr:
             rows.append(dict(row=API_ROW, kind="sync", name=str(s.get("name", "Synchronization")),
                              start_ns=s["start"], end_ns=s["end"], stream=s["stream"], corr_id=corr,
                              token=token_at(int(s["start"]))))
 
-    def device_token(r: Mapping[str, Any]) -> tuple[int, int]:
+    def device_token(r: Mapping[str, Any]) -> tuple[int, int, int]:
         api = api_by_corr.get(int(r["corr"]))
         if api is not None:
-            return token_at(int(api["start"])), int(api["start"])
-        return token_at(int(r["start"])), int(r["start"])
+            return token_at(int(api["start"])), int(api["start"]), int(api.get("pid", -1))
+        return token_at(int(r["start"])), int(r["start"]), -1
 
     kernels: dict[int, list[dict[str, Any]]] = {}
     for r in recs:
         if r["src"] not in ("kernel", "memcpy", "memset"):
             continue
-        tok, issued = device_token(r)
+        tok, issued, pid = device_token(r)
         row = dict(row=stream_row(int(r["stream"])), name=r["name"], start_ns=r["start"], end_ns=r["end"],
                    stream=r["stream"], corr_id=r["corr"], token=tok, graph_id=r.get("graph_id", 0),
-                   bytes=r.get("bytes", 0), _issued=issued, _rec=r)
+                   bytes=r.get("bytes", 0), pid=pid, device=r.get("device", -1), _issued=issued, _rec=r)
         if r["src"] == "kernel":
             row.update(kind="kernel")
             kernels.setdefault(tok, []).append(row)
@@ -287,22 +288,27 @@ def activity_record(a: Any, names: dict[tuple[str, int], str]) -> dict[str, Any]
     if kind == "CONCURRENT_KERNEL":
         return dict(src="kernel", start=a.start, end=a.end, corr=a.correlation_id, name=a.name,
                     stream=a.stream_id, graph_id=a.graph_id, graph_node_id=a.graph_node_id,
-                    grid=(a.grid_x, a.grid_y, a.grid_z), block=(a.block_x, a.block_y, a.block_z))
+                    grid=(a.grid_x, a.grid_y, a.grid_z), block=(a.block_x, a.block_y, a.block_z),
+                    device=a.device_id)
     if kind in ("RUNTIME", "DRIVER"):
         key = (kind, a.cbid)
         if key not in names:
             dom = cupti.CallbackDomain.DRIVER_API if kind == "DRIVER" else cupti.CallbackDomain.RUNTIME_API
             names[key] = str(cupti.get_callback_name(dom, a.cbid))
         return dict(src=kind.lower(), start=a.start, end=a.end, corr=a.correlation_id, name=names[key],
-                    tid=a.thread_id)
+                    tid=a.thread_id, pid=a.process_id)
     if kind == "MEMCPY":
         ck = cupti.ActivityMemcpyKind(a.copy_kind).name
         trace_kind, label = COPY_KINDS.get(ck, (ck, ck))
-        return dict(src="memcpy", start=a.start, end=a.end, corr=a.correlation_id, name=f"Memcpy {label}",
-                    stream=a.stream_id, bytes=a.bytes, copy_kind=trace_kind, graph_id=a.graph_id)
+        host_side = a.dst_kind if trace_kind == "D2H" else a.src_kind
+        mem = cupti.ActivityMemoryKind(host_side).name.replace("_", " ").title()
+        name = f"[CUDA memcpy {label}]" + (f" ({mem})" if trace_kind in ("H2D", "D2H") else "")
+        return dict(src="memcpy", start=a.start, end=a.end, corr=a.correlation_id, name=name,
+                    stream=a.stream_id, bytes=a.bytes, copy_kind=trace_kind, graph_id=a.graph_id,
+                    device=a.device_id)
     if kind == "MEMSET":
-        return dict(src="memset", start=a.start, end=a.end, corr=a.correlation_id, name="Memset",
-                    stream=a.stream_id, bytes=a.bytes, graph_id=a.graph_id)
+        return dict(src="memset", start=a.start, end=a.end, corr=a.correlation_id, name="[CUDA memset]",
+                    stream=a.stream_id, bytes=a.bytes, graph_id=a.graph_id, device=a.device_id)
     if kind == "SYNCHRONIZATION":
         return dict(src="sync", start=a.start, end=a.end, corr=a.correlation_id, stream=a.stream_id,
                     name=cupti.ActivitySynchronizationType(a.type).name.replace("_", " ").title())
