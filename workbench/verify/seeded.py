@@ -85,7 +85,7 @@ def hand_plan(graph: Graph, placed: list[tuple[int, tuple[int, ...], tuple[int, 
                 n_events=1 + max((e for _, w, r in placed for e in (*w, *r)), default=-1))
 
 
-def copy_elim_cross_stream(_: ModelConfig | None = None) -> Plan:
+def copy_elim_cross_stream() -> Plan:
     """An unsafe copy elimination. Before it, ``state_new`` wrote a scratch tensor and a CPY
     stored it into the recurrent state row after the join with stream 1, where ``state_read``
     reads the old state. Eliminated, ``state_new`` writes the state row directly, concurrently
@@ -104,7 +104,7 @@ def copy_elim_cross_stream(_: ModelConfig | None = None) -> Plan:
     return hand_plan(b.build(), placed, Strategy(streams="auto", fusion=frozenset({"copy-elim"})))
 
 
-def side_stream_not_joined(_: ModelConfig | None = None) -> Plan:
+def side_stream_not_joined() -> Plan:
     """``side`` on stream 1 reads ``x_proj`` (forked by an event) but never joins stream 0:
     the token's final sync waits for stream 0 only, so the next token's ``x_proj`` overwrites
     the bytes ``side`` may still be reading."""
@@ -123,32 +123,40 @@ def side_stream_not_joined(_: ModelConfig | None = None) -> Plan:
 # -- the catalogue ------------------------------------------------------------------------------
 
 
+def compile_quietly(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | None = None) -> Plan:
+    """compile_plan without the UnsafeStrategyWarning of PDL wait ``late`` (seeded on purpose)."""
+    import warnings
+
+    from ..strategy.strategy import UnsafeStrategyWarning
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsafeStrategyWarning)
+        return compile_plan(graph, strategy, device_cc)
+
+
 @dataclass(frozen=True)
 class SeededBug:
-    """A broken Plan and the race (cause, first node, second node) it must be reported with."""
+    """A broken Plan and the race (cause, first node, second node) it must be reported with.
+
+    Most bugs are ``strategy`` compiled for ``model`` and then ``mutate``d (both also usable on
+    larger models, e.g. by an executor that compiles its own Plans); ``hand_built`` ones are
+    small Plans over their own graph."""
 
     name: str
     description: str
-    build: Callable[[ModelConfig | None], Plan]
     expect: tuple[str, str, str]
+    strategy: Strategy | None = None
+    mutate: Callable[[Plan], Plan] | None = None
+    hand_built: Callable[[], Plan] | None = None
     model: str = "llama-tiny"
 
+    def apply(self, plan: Plan) -> Plan:
+        """The seeded mutation applied to a Plan compiled under ``strategy``."""
+        return self.mutate(plan) if self.mutate is not None else plan
+
     def plan(self, cfg: ModelConfig | None = None) -> Plan:
-        return self.build(cfg or preset(self.model))
-
-
-def _compiled(strategy: Strategy, *mutations: Callable[[Plan], Plan]) -> Callable[[ModelConfig | None], Plan]:
-    def build(cfg: ModelConfig | None) -> Plan:
-        import warnings
-
-        from ..strategy.strategy import UnsafeStrategyWarning
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", UnsafeStrategyWarning)
-            plan = compile_plan(build_graph(cfg), strategy)
-        for m in mutations:
-            plan = m(plan)
-        return plan
-    return build
+        if self.hand_built is not None:
+            return self.hand_built()
+        return self.apply(compile_quietly(build_graph(cfg or preset(self.model)), self.strategy))
 
 
 def _no_final_sync(plan: Plan) -> Plan:
@@ -158,64 +166,64 @@ def _no_final_sync(plan: Plan) -> Plan:
 QKV = Strategy(graphs=True, streams="qkv", allocator="stream-aware")
 QKV_EAGER = Strategy(streams="qkv", allocator="stream-aware")
 
+def _early_fork(plan: Plan) -> Plan:
+    """The fork event of layer 0 recorded after attn_norm-0_rms instead of after attn_norm-0."""
+    events = plan.launch_of("attn_norm-0").record_events
+    return with_launch(with_launch(plan, "attn_norm-0", record_events=()), "attn_norm-0_rms", record_events=events)
+
+
 SEEDED_BUGS: tuple[SeededBug, ...] = (
     SeededBug("qkv-serial-reuse", "qkv streams with ggml-alloc's serial-reuse allocator (seed 001's bug)",
-              _compiled(Strategy(graphs=True, streams="qkv")), ("allocator-reuse", "Kcur-0", "Qcur_rope-0")),
+              ("allocator-reuse", "Kcur-0", "Qcur_rope-0"), Strategy(graphs=True, streams="qkv")),
     SeededBug("auto-serial-reuse", "auto streams with serial-reuse on the hybrid GDN model",
-              _compiled(Strategy(graphs=True, streams="auto")),
-              ("allocator-reuse", "Kcur-3", "Qcur_rope-3"), model="qwen3-next-tiny"),
+              ("allocator-reuse", "Kcur-3", "Qcur_rope-3"), Strategy(graphs=True, streams="auto"),
+              model="qwen3-next-tiny"),
     SeededBug("pdl-wait-late", "PDL with the wait after the first dependent read",
-              _compiled(Strategy(graphs=True, pdl=True, pdl_wait="late", pdl_trigger="end")),
-              ("pdl-early-read", "attn_norm-0", "Qcur-0")),
+              ("pdl-early-read", "attn_norm-0", "Qcur-0"),
+              Strategy(graphs=True, pdl=True, pdl_wait="late", pdl_trigger="end")),
     SeededBug("pdl-late-eager", "PDL wait late without graphs (eager cuLaunchKernelEx)",
-              _compiled(Strategy(pdl=True, pdl_wait="late", pdl_trigger="after-main-loop")),
-              ("pdl-early-read", "attn_norm-0", "Qcur-0")),
+              ("pdl-early-read", "attn_norm-0", "Qcur-0"),
+              Strategy(pdl=True, pdl_wait="late", pdl_trigger="after-main-loop")),
     SeededBug("pdl-trigger-non-predecessor",
               "elementwise kernels wait late; the kernels before them trigger at start, so ffn_inp-0 reads "
               "inp_embd (not its predecessor) while it may still be written",
-              _compiled(Strategy(graphs=True, pdl=True, pdl_families=(("elementwise", "late", "start"),))),
-              ("pdl-trigger", "inp_embd", "ffn_inp-0")),
+              ("pdl-trigger", "inp_embd", "ffn_inp-0"),
+              Strategy(graphs=True, pdl=True, pdl_families=(("elementwise", "late", "start"),))),
     SeededBug("missing-join", "the attention waits for no join event from the K and V streams",
-              _compiled(QKV, lambda p: with_launch(p, "kqv_out-0", wait_events=())),
-              ("missing-event", "k_cache_store-0", "kqv_out-0")),
+              ("missing-event", "k_cache_store-0", "kqv_out-0"), QKV,
+              lambda p: with_launch(p, "kqv_out-0", wait_events=())),
     SeededBug("missing-fork", "the K branch does not wait for the fork event after attn_norm",
-              _compiled(QKV, lambda p: with_launch(p, "Kcur-0", wait_events=())),
-              ("missing-event", "attn_norm-0", "Kcur-0")),
+              ("missing-event", "attn_norm-0", "Kcur-0"), QKV, lambda p: with_launch(p, "Kcur-0", wait_events=())),
     SeededBug("fork-recorded-early", "the fork event is recorded before attn_norm instead of after it",
-              _compiled(QKV, lambda p: with_launch(with_launch(p, "attn_norm-0", record_events=()),
-                                                    "attn_norm-0_rms", record_events=p.launch_of("attn_norm-0")
-                                                    .record_events)),
-              ("missing-event", "attn_norm-0", "Vcur-0")),
+              ("missing-event", "attn_norm-0", "Vcur-0"), QKV, _early_fork),
     SeededBug("wait-after-launch", "eager: cudaStreamWaitEvent issued after the K launch instead of before",
-              _compiled(QKV_EAGER, lambda p: with_host_program(p, wait_after_launch(p, "Kcur-0"))),
-              ("missing-event", "attn_norm-0", "Kcur-0")),
+              ("missing-event", "attn_norm-0", "Kcur-0"), QKV_EAGER,
+              lambda p: with_host_program(p, wait_after_launch(p, "Kcur-0"))),
     SeededBug("set-rows-wrong-stream", "the K cache store runs on stream 0 instead of the K stream",
-              _compiled(QKV, lambda p: with_launch(p, "k_cache_store-0", stream=0)),
-              ("missing-event", "Kcur_rope-0", "k_cache_store-0")),
+              ("missing-event", "Kcur_rope-0", "k_cache_store-0"), QKV,
+              lambda p: with_launch(p, "k_cache_store-0", stream=0)),
     SeededBug("host-rewrite-no-sync", "implicit sync without the final stream sync: the host rewrites "
               "pinned inputs the async copies of the previous token may still read",
-              _compiled(Strategy(sync="implicit", graphs=True), _no_final_sync),
-              ("host-rewrite", "memcpy_h2d inp_pos", "host writes inp_pos")),
+              ("host-rewrite", "memcpy_h2d inp_pos", "host writes inp_pos"), Strategy(sync="implicit", graphs=True),
+              _no_final_sync),
     SeededBug("logits-read-no-sync", "boundary sync without the final sync: the host reads the logits "
               "before the async D2H copy is done",
-              _compiled(Strategy(sync="boundary", graphs=True), _no_final_sync),
-              ("host-read", "memcpy_d2h logits", "host reads logits")),
+              ("host-read", "memcpy_d2h logits", "host reads logits"), Strategy(sync="boundary", graphs=True),
+              _no_final_sync),
     SeededBug("sync-wrong-stream", "the final cudaStreamSynchronize waits on stream 1, not on the stream "
-              "of the D2H copy",
-              _compiled(QKV_EAGER, lambda p: with_host_program(p, on_stream(("stream_sync",), 1, last_only=True))),
-              ("host-read", "memcpy_d2h logits", "host reads logits")),
+              "of the D2H copy", ("host-read", "memcpy_d2h logits", "host reads logits"), QKV_EAGER,
+              lambda p: with_host_program(p, on_stream(("stream_sync",), 1, last_only=True))),
     SeededBug("h2d-other-stream", "the input copies go to stream 1, the kernels run on stream 0, no event",
-              _compiled(Strategy(sync="implicit", graphs=True, streams="qkv", allocator="stream-aware"),
-                        lambda p: with_host_program(p, on_stream(("memcpy_h2d",), 1))),
-              ("missing-event", "memcpy_h2d inp_tokens", "inp_embd")),
+              ("missing-event", "memcpy_h2d inp_tokens", "inp_embd"),
+              Strategy(sync="implicit", graphs=True, streams="qkv", allocator="stream-aware"),
+              lambda p: with_host_program(p, on_stream(("memcpy_h2d",), 1))),
     SeededBug("graph-launch-other-stream", "the copies run on stream 0, the graph is launched on stream 1",
-              _compiled(Strategy(sync="implicit", graphs=True),
-                        lambda p: with_host_program(p, on_stream(("graph_launch",), 1))),
-              ("missing-event", "memcpy_h2d inp_tokens", "inp_embd")),
+              ("missing-event", "memcpy_h2d inp_tokens", "inp_embd"), Strategy(sync="implicit", graphs=True),
+              lambda p: with_host_program(p, on_stream(("graph_launch",), 1))),
     SeededBug("copy-elim-cross-stream", "copy elimination writes the state row that another stream still reads",
-              copy_elim_cross_stream, ("copy-elim", "state_new", "state_read")),
+              ("copy-elim", "state_new", "state_read"), hand_built=copy_elim_cross_stream),
     SeededBug("side-stream-not-joined", "a side stream never joins stream 0 before the token's final sync",
-              side_stream_not_joined, ("unsynced-token", "side", "x_proj")),
+              ("unsynced-token", "side", "x_proj"), hand_built=side_stream_not_joined),
 )
 
 
