@@ -296,3 +296,19 @@ def test_unknown_gpu_and_profile_errors_list_the_known_ones():
     cal = CAL.with_host("llama.cpp-windows", launch_ns=9000)
     assert cal.host.launch_ns == 9000 and cal.host.sync_wakeup_ns > CAL.host.sync_wakeup_ns
     assert math.isclose(CAL.dram_Bpns, 3350 * 0.84)
+
+
+def test_stats_work_on_traces_the_simulator_did_not_make():
+    """The same statistics on a hand-laid trace (the timeline fixture): eager launches vs one
+    graph launch per token, syncs from the API rows, and a trace without token indices."""
+    from fixtures.synthetic import synthetic_trace
+
+    eager, graphs = summarize(synthetic_trace(4, 2, graphs=False)), summarize(synthetic_trace(4, 2, graphs=True))
+    assert eager["tokens"] == graphs["tokens"] == 4 and eager["measured_tokens"] == 3
+    assert eager["kernels_per_token"] == graphs["kernels_per_token"] == 34
+    assert eager["launches_per_token"] == 34 and graphs["launches_per_token"] == 1
+    assert graphs["us_per_token"] < eager["us_per_token"]
+    tr = synthetic_trace(4, 2, graphs=True)
+    tr.events["token"] = -1
+    whole = summarize(tr)
+    assert whole["measured_tokens"] == 1 and whole["kernels_per_token"] == 4 * 34
