@@ -101,7 +101,7 @@ def run_backend(backend: str, cfg: ModelConfig, strategy: Strategy, tokens: list
                                "Use --backend sim to simulate the run on a calibrated H100/H200.")
         from .exec.cuda import run_cuda
 
-        wanted = {"tokens": tokens, "seed": args.seed, "start_pos": args.start_pos}
+        wanted = {"tokens": tokens, "seed": args.seed, "start_pos": args.start_pos, "trace": bool(args.trace)}
         params = inspect.signature(run_cuda).parameters
         accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
         kw = {k: v for k, v in wanted.items() if accepts_any or k in params}
