@@ -19,6 +19,7 @@ import pandas as pd
 
 from ..graph.ops import OPS
 from .layout import is_device_row
+from .stats import device_gaps, merged_intervals, us_per_token
 from .table import Trace
 
 # --------------------------------------------------------------------------- helpers
@@ -55,19 +56,9 @@ def _first_call(host: pd.DataFrame) -> pd.DataFrame:
 
 
 def _union(start: np.ndarray, end: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Disjoint busy intervals covering the given ones."""
-    if len(start) == 0:
-        return start, end
-    o = np.argsort(start, kind="stable")
-    s, e = start[o], end[o]
-    run_end = np.maximum.accumulate(e)
-    new = np.ones(len(s), dtype=bool)
-    new[1:] = s[1:] > run_end[:-1]
-    grp = np.cumsum(new) - 1
-    us = s[new]
-    ue = np.zeros(len(us), dtype=e.dtype)
-    np.maximum.at(ue, grp, e)
-    return us, ue
+    """Disjoint busy intervals covering the given ones, as (starts, ends)."""
+    m = merged_intervals(start, end)
+    return m[:, 0], m[:, 1]
 
 
 def _covered_both(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndarray]) -> int:
@@ -85,67 +76,39 @@ def _covered_both(a: tuple[np.ndarray, np.ndarray], b: tuple[np.ndarray, np.ndar
 
 # --------------------------------------------------------------------------- GPU idle gaps
 
-IDLE_CAUSES = ("host sync", "token boundary", "launch overhead", "launch latency", "unlinked")
+IDLE_CAUSES = ("host sync", "token boundary", "launch overhead", "queued work", "unlinked")
 
 
 def gpu_idle_gaps(trace: Trace, min_gap_ns: int = 0) -> pd.DataFrame:
-    """Every interval in which a GPU runs nothing, with what it waited for.
+    """Every interval in which the GPU runs nothing, with what it waited for.
 
-    ``cause`` of a gap before device op N (launched by host call A):
-    ``host sync`` -- A was issued after the GPU ran dry and the host spent the gap in a
-    synchronizing call; ``token boundary`` -- the same, but N starts a new token (host work
-    between tokens); ``launch overhead`` -- the same inside a token: the host issues work more
-    slowly than the GPU runs it; ``launch latency`` -- A was issued before the gap began (the
-    work was queued: submission latency, an event wait); ``unlinked`` -- N has no host call.
+    ``workbench.trace.stats.device_gaps`` finds the gaps and whether the host call that issued
+    the work ending a gap returned only after the GPU went idle (the GPU waited for the host).
+    Here that host cause is split: ``token boundary`` -- the work after the gap is its token's
+    first (host work between tokens: sampling, input preparation); ``host sync`` -- the host
+    spent the gap in a synchronizing call; ``launch overhead`` -- inside a token, the host issues
+    work more slowly than the GPU runs it. ``queued work``: the work was already issued (an
+    event wait, a dependency, launch latency); ``unlinked``: no host call has its correlation id.
     """
-    work, host = _split(trace)
-    cols = ["device", "start_ns", "end_ns", "gap_ns", "token", "before", "after", "after_call", "cause"]
-    if work.empty:
-        return pd.DataFrame(columns=cols)
-    calls = _first_call(host)
-    syncs = host[host["kind"] == "sync"].sort_values("start_ns")
-    sync_s, sync_e = syncs["start_ns"].to_numpy(), syncs["end_ns"].to_numpy()
-    out = []
-    for dev, w in work.groupby("device"):
-        w = w.sort_values("start_ns", kind="stable")
-        us, ue = _union(w["start_ns"].to_numpy(), w["end_ns"].to_numpy())
-        if len(us) < 2:
-            continue
-        gs, ge = ue[:-1], us[1:]
-        keep = (ge - gs) > min_gap_ns
-        ws = w["start_ns"].to_numpy()
-        we = w["end_ns"].to_numpy()
-        by_end = np.argsort(we, kind="stable")
-        for g0, g1 in zip(gs[keep], ge[keep]):
-            nxt = w.iloc[int(np.searchsorted(ws, g1, side="left"))]
-            k = int(np.searchsorted(we[by_end], g0, side="right")) - 1
-            prev = w.iloc[int(by_end[k])]
-            call = calls.loc[nxt["corr_id"]] if nxt["corr_id"] in calls.index else None
-            if call is None:
-                cause = "unlinked"
-            elif call["start_ns"] >= g0:
-                lo = int(np.searchsorted(sync_s, call["start_ns"], side="left"))
-                blocked = lo > 0 and bool(np.any(sync_e[:lo] > g0))
-                if blocked:
-                    cause = "host sync"
-                elif nxt["token"] != prev["token"]:
-                    cause = "token boundary"
-                else:
-                    cause = "launch overhead"
-            else:
-                cause = "launch latency"
-            out.append(dict(device=int(dev), start_ns=int(g0), end_ns=int(g1), gap_ns=int(g1 - g0),
-                            token=int(nxt["token"]), before=prev["name"], after=nxt["name"],
-                            after_call=call["name"] if call is not None else "", cause=cause))
-    return pd.DataFrame(out, columns=cols)
+    gaps = device_gaps(trace, min_gap_ns, describe=True)
+    if gaps.empty:
+        return gaps.assign(cause=pd.Series(dtype=object))
+    work, _ = _split(trace)
+    first = work[work["token"] >= 0].groupby("token")["start_ns"].min()
+    opens_token = gaps["end_ns"].to_numpy() == gaps["token"].map(first).to_numpy()
+    synced = gaps["host_calls"].str.contains("Synchronize|cudaMemcpy(?!Async)|cudaMemset(?!Async)", regex=True)
+    host = gaps["cause"] == "host"
+    cause = np.select([host & opens_token, host & synced, host, gaps["cause"] == "device"],
+                      ["token boundary", "host sync", "launch overhead", "queued work"], "unlinked")
+    return gaps.assign(cause=cause)
 
 
 def idle_summary(gaps: pd.DataFrame) -> pd.DataFrame:
     """GPU idle time per cause: gaps, total and mean in us, share of all idle time."""
     if gaps.empty:
         return pd.DataFrame(columns=["cause", "gaps", "idle_us", "mean_us", "share"])
-    g = gaps.groupby("cause")["gap_ns"]
-    out = pd.DataFrame({"gaps": g.size(), "idle_us": g.sum() / 1e3, "mean_us": g.mean() / 1e3}).reset_index()
+    g = gaps.groupby("cause")["gap_us"]
+    out = pd.DataFrame({"gaps": g.size(), "idle_us": g.sum(), "mean_us": g.mean()}).reset_index()
     out["share"] = out["idle_us"] / out["idle_us"].sum()
     return out.sort_values("idle_us", ascending=False).reset_index(drop=True)
 
@@ -156,7 +119,7 @@ def idle_figure(gaps: pd.DataFrame):
 
     fig = go.Figure()
     if not gaps.empty:
-        per = gaps.groupby(["token", "cause"])["gap_ns"].sum().unstack(fill_value=0) / 1e3
+        per = gaps.groupby(["token", "cause"])["gap_us"].sum().unstack(fill_value=0)
         for cause in [c for c in IDLE_CAUSES if c in per.columns]:
             fig.add_bar(x=per.index, y=per[cause], name=cause)
     fig.update_layout(barmode="stack", title="GPU idle time per token", xaxis_title="token",
@@ -405,12 +368,12 @@ def kernel_summary(trace: Trace) -> pd.DataFrame:
 # --------------------------------------------------------------------------- speedup tables
 
 def tokens_per_second(trace: Trace) -> float:
-    """Generated tokens per second: tokens over the sum of their per-token times."""
-    spans = token_spans(trace)
-    total = int(spans["time_ns"].sum()) if len(spans) else 0
-    if total <= 0:
+    """Steady-state generated tokens per second (``workbench.trace.stats``: the first token is
+    llama-bench's warm-up and is left out when there are several)."""
+    us = us_per_token(trace)
+    if not us == us or us <= 0:
         raise ValueError("the trace has no tokens (token >= 0): tokens/s needs per-token events")
-    return len(spans) * 1e9 / total
+    return 1e6 / us
 
 
 def bench_results(traces: Mapping[str, Trace], model: str, test: str | None = None) -> pd.DataFrame:
@@ -468,3 +431,29 @@ def speedup_figure(table: pd.DataFrame):
         fig.add_bar(x=label, y=table[c], name=c[4:], text=[f"{v:.1f}" for v in table[c]], textposition="outside")
     fig.update_layout(barmode="group", yaxis_title="tokens / s", plot_bgcolor="white", title="decode throughput")
     return fig
+
+
+# --------------------------------------------------------------------------- summary
+
+def trace_summary(trace: Trace) -> dict:
+    """Counts a user checks first after loading a trace (``workbench view --summary``)."""
+    ev = trace.events
+    work, host = _split(trace)
+    calls = set(host.loc[host["corr_id"] >= 0, "corr_id"].tolist())
+    linked = work["corr_id"].isin(calls) & (work["corr_id"] >= 0)
+    kinds = ev["kind"].value_counts()
+    return {
+        "source": str(trace.meta.get("source", "")),
+        "events": int(len(ev)),
+        "kernels": int(kinds.get("kernel", 0)),
+        "api_calls": int(len(host)),
+        "syncs": int(kinds.get("sync", 0)),
+        "memcpys": int(kinds.get("memcpy", 0)),
+        "memsets": int(kinds.get("memset", 0)),
+        "markers": int(kinds.get("marker", 0)),
+        "streams": int(work["stream"].nunique()),
+        "linked_pairs": int(linked.sum()),
+        "linked_kernels": int((linked & (work["kind"] == "kernel")).sum()),
+        "tokens": len(trace.tokens()),
+        "span_us": trace.span_ns / 1e3,
+    }
