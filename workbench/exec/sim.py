@@ -198,6 +198,8 @@ class _Engine:
         self.end: list[float] = []
         self.trig: list[float] = []
         self.prev: list[int] = []
+        self.deps: list[tuple[int, ...]] = []  # ops a kernel fully depends on (event waits before it)
+        self.pending_waits: dict[int, list[int]] = {}
         self.data: list = []           # per op: launch index / (bytes, h2d) / event dep / plan
         self.corr: list[int] = []
         self.token: list[int] = []
@@ -269,6 +271,7 @@ class _Engine:
                     t1 = max(t1, self._wait_for(o) + h.sync_wakeup_ns)
                 self._api(op.api, t0, t1, token, op.tensor or "", op.stream, corr=corr)
             elif k == "stream_sync":
+                self._flush_waits(op.stream, t0, -1, token)
                 last = self.last_op.get(op.stream, -1)
                 done = self._wait_for(last) if last >= 0 else -math.inf
                 t1 = t0 + h.stream_sync_ns
@@ -276,6 +279,8 @@ class _Engine:
                     t1 = max(t1, done + h.sync_wakeup_ns)
                 self._api(op.api, t0, t1, token, "", op.stream, kind=self.K_SYNC)
             elif k == "device_sync":
+                for st in [st for st, w in self.pending_waits.items() if w]:
+                    self._flush_waits(st, t0, -1, token)
                 lasts = [o for st, o in self.last_op.items() if st < _GRAPH_STREAMS and o >= 0]
                 done = max((self._wait_for(o) for o in lasts), default=-math.inf)
                 t1 = t0 + h.stream_sync_ns
@@ -301,8 +306,8 @@ class _Engine:
                 self.events[op.event] = self.last_op.get(op.stream, -1)
             elif k == "stream_wait_event":
                 t1 = t0 + h.stream_wait_event_ns
-                corr = self._api(op.api, t0, t1, token, "", op.stream)
-                self._enqueue(WAIT, op.stream, t1, self.events.get(op.event, -1), corr, token)
+                self._api(op.api, t0, t1, token, "", op.stream)
+                self._wait_event(op.stream, self.events.get(op.event, -1))
             else:
                 raise ValueError(f"simulator: unknown host op kind {k!r} in the plan's host program")
             self.host_t = t1
@@ -352,6 +357,8 @@ class _Engine:
     # ---------------------------------------------------------------------------------------
     def _new_op(self, kind: int, stream: int, ready: float, data, corr: int, token: int,
                 pi: _PlanInfo | None = None, graph: int = -1) -> int:
+        if kind != KERNEL and kind != WAIT and self.pending_waits.get(stream):
+            self._flush_waits(stream, ready, corr, token, graph)
         o = len(self.kind)
         self.kind.append(kind)
         self.stream.append(stream)
@@ -365,12 +372,29 @@ class _Engine:
         self.graph_of.append(graph)
         self.pinfo_of.append(pi)
         self.prev.append(self.last_op.get(stream, -1))
+        self.deps.append(tuple(self.pending_waits.pop(stream, ())) if kind == KERNEL else ())
         self.last_op[stream] = o
         q = self.queues.get(stream)
         if q is None:
             q = self.queues[stream] = deque()
         q.append(o)
         return o
+
+    def _wait_event(self, stream: int, dep: int) -> None:
+        """``cudaStreamWaitEvent``: the next kernel on ``stream`` depends on ``dep`` (the work the
+        event recorded). Folded into that kernel, so a PDL edge to the kernel before it survives,
+        as in a captured graph; any other op gets an explicit wait marker."""
+        if dep >= 0:
+            self.pending_waits.setdefault(stream, []).append(dep)
+
+    def _flush_waits(self, stream: int, ready: float, corr: int, token: int, graph: int = -1) -> None:
+        """Turn pending event waits of ``stream`` into wait markers on the stream."""
+        for dep in self.pending_waits.pop(stream, ()):
+            self._new_op(WAIT, stream, ready, dep, corr, token, None, graph)
+            if graph >= 0:
+                self.graph_left[graph] += 1
+            if len(self.queues[stream]) == 1:
+                self._try(stream)
 
     def _enqueue(self, kind: int, stream: int, ready: float, data, corr: int, token: int,
                  pi: _PlanInfo | None = None) -> int:
@@ -421,6 +445,12 @@ class _Engine:
         cal = self.cal
         kind = self.kind[o]
         t = max(self.now, self.ready[o])
+        for d in self.deps[o]:
+            de = self.end[d]
+            if de != de:
+                self.done_waiters.setdefault(d, []).append((_TRY, s))
+                return
+            t = max(t, de + cal.dependency_gap_ns)
         pred = self.prev[o]
         pdl_pred = -1
         if pred >= 0:
@@ -659,12 +689,13 @@ class _Engine:
         for la in plan.launches:
             s = _GRAPH_STREAMS + la.stream
             for e in la.wait_events:
-                self._new_op(WAIT, s, self.now, self.graph_events.get(e, -1), self.corr[g], self.token[g], pi, g)
-                n += 1
+                self._wait_event(s, self.graph_events.get(e, -1))
             o = self._new_op(KERNEL, s, self.now, la.index, self.corr[g], self.token[g], pi, g)
             n += 1
             for e in la.record_events:
                 self.graph_events[e] = o
+        for ps in {la.stream for la in plan.launches}:
+            self.pending_waits.pop(_GRAPH_STREAMS + ps, None)  # a wait with no kernel after it orders nothing
         self.graph_left[g] = n
         if n == 0:
             self._push(self.now, _END, g)
