@@ -170,7 +170,8 @@ def _replay_is_exclusive(program: Sequence[HostOp]) -> bool:
             continue
         if op.kind in ("launch", "graph_launch"):
             return False
-        if op.stream == seen and (op.kind == "stream_sync" or (op.kind.startswith("memcpy") and op.blocking)):
+        if op.kind == "device_sync" or (op.stream == seen and (
+                op.kind == "stream_sync" or (op.kind.startswith("memcpy") and op.blocking))):
             return True
     return False
 
