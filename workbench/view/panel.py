@@ -261,7 +261,8 @@ class ControlPanel:
                               f"on {settings['backend']} …")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                run = execute(cfg, strategy, settings)
+                run = run_model(cfg, strategy, tokens=settings["tokens"], position=settings["position"],
+                                backend=settings["backend"], gpu=settings["gpu"], host=settings["host"])
             self.progress.value = 2
             races = None
             if self.race_check.value and run.plan is not None:
@@ -491,19 +492,23 @@ def available_backends() -> list[str]:
     return ["cuda", "sim"] if cuda_available()[0] else ["sim"]
 
 
-def execute(cfg: ModelConfig, strategy: Strategy, settings: dict[str, Any], seed: int = 0) -> Run:
-    """Run ``settings['tokens']`` decode steps of ``cfg`` under ``strategy`` on the chosen backend,
-    through the same dispatch as ``workbench run`` (same token ids for the same seed)."""
+def run_model(model: str | ModelConfig, strategy: Strategy | None = None, *, tokens: int = 8, layers: int | None = None,
+              context: int | None = None, position: int = 0, backend: str | None = None, gpu: str = "h100",
+              host: str | None = None, seed: int = 0) -> Run:
+    """Run ``tokens`` decode steps of ``model`` (a preset name, a config path or a ModelConfig)
+    under ``strategy`` through the same dispatch as ``workbench run`` (same token ids for the
+    same seed). ``backend`` None: ``cuda`` where a GPU is present, else ``sim`` (with the
+    ``gpu`` calibration and ``host`` profile)."""
     import argparse
 
     import numpy as np
 
     from ..bench import run_backend
 
-    tokens = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), settings["tokens"])]
-    args = argparse.Namespace(start_pos=settings["position"], gpu=settings["gpu"], host_profile=settings["host"],
-                              seed=seed)
-    return run_backend(settings["backend"], cfg, strategy, tokens, args)
+    cfg = model if isinstance(model, ModelConfig) else load_config(model, layers=layers, context=context)
+    ids = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)]
+    args = argparse.Namespace(start_pos=position, gpu=gpu, host_profile=host, seed=seed)
+    return run_backend(backend or available_backends()[0], cfg, strategy or Strategy(), ids, args)
 
 
 def _verdict(report: RaceReport | None) -> str:
