@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import warnings
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -114,11 +115,15 @@ def write_image(fig: go.Figure, path: str | Path, *, width: int | None = None, s
                           "BROWSER_PATH to a Chrome executable; HTML export works without one")
     os.environ.setdefault("BROWSER_PATH", browser)
     try:
-        import kaleido  # noqa: F401
+        import kaleido
     except ImportError as e:
         raise ExportError(f"writing {path.name} needs kaleido: pip install 'kaleido>=1.0' "
                           "(in the package's lab extra)") from e
-    fig.write_image(path, width=width or IMAGE_WIDTH, scale=scale)
+    # one browser for the whole session: the first image pays chromium's start, later ones do not
+    kaleido.start_sync_server(silence_warnings=True)
+    with warnings.catch_warnings():   # plotly passes browser options the running server already has
+        warnings.filterwarnings("ignore", message="The kopts argument is ignored", category=UserWarning)
+        fig.write_image(path, width=width or IMAGE_WIDTH, scale=scale)
     return path
 
 
