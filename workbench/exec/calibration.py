@@ -39,6 +39,18 @@ class HostCosts:
     capture_ns: float
     graph_instantiate_ns: float
     graph_instantiate_per_node_ns: float
+    #: host work per token outside any CUDA call (input values, staging, reading the logits);
+    #: optional in the file (0 where a profile does not give it)
+    token_overhead_ns: float = 0.0
+
+
+@dataclass(frozen=True)
+class FamilyCost:
+    """Measured correction of the roofline for one kernel family (``workbench calibrate``):
+    a kernel of the family takes ``fixed_ns + work_scale x roofline`` alone on an idle GPU."""
+
+    fixed_ns: float
+    work_scale: float
 
 
 @dataclass(frozen=True)
@@ -70,6 +82,9 @@ class Calibration:
     host_profile: str
     host_profiles: dict[str, HostCosts] = field(default_factory=dict, hash=False, compare=False)
     sources: dict[str, str] = field(default_factory=dict, hash=False, compare=False)
+    #: optional per-family corrections (measured calibrations); families not listed use the
+    #: device-wide roofline with ``kernel_fixed_ns``
+    families: dict[str, FamilyCost] = field(default_factory=dict, hash=False, compare=False)
 
     @property
     def dram_Bpns(self) -> float:
@@ -104,8 +119,10 @@ class Calibration:
 
 
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
-                  if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources")]
+                  if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families")]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
+_OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
+_FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]
 
 
 def known_gpus(directory: Path = CALIBRATION_DIR) -> list[str]:
@@ -141,9 +158,14 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     if not profiles:
         raise CalibrationError(f"{origin}: host_profiles is empty; add at least one profile")
     for name, prof in profiles.items():
-        _check_keys(origin, f"host_profiles.{name}", prof, _HOST_FIELDS)
+        _check_keys(origin, f"host_profiles.{name}", prof, _HOST_FIELDS, _OPTIONAL_HOST_FIELDS)
+    families = data.get("families", {})
+    for fam, fc in families.items():
+        _check_keys(origin, f"families.{fam}", fc, _FAMILY_FIELDS)
     expected = {f"device.{k}" for k in _DEVICE_FIELDS}
-    expected |= {f"host_profiles.{n}.{k}" for n in profiles for k in _HOST_FIELDS}
+    expected |= {f"host_profiles.{n}.{k}" for n, prof in profiles.items() for k in _HOST_FIELDS
+                 if k in prof or k not in _OPTIONAL_HOST_FIELDS}
+    expected |= {f"families.{fam}.{k}" for fam in families for k in _FAMILY_FIELDS}
     missing = sorted(expected - set(sources))
     if missing:
         raise CalibrationError(f"{origin}: field(s) without a source: {missing}; every number needs "
@@ -176,19 +198,27 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     if dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"] > dev["kernel_fixed_ns"]:
         raise CalibrationError(f"{origin}: pdl_prologue_ns + pdl_first_read_setup_ns must not exceed kernel_fixed_ns")
 
+    fam_costs = {fam: FamilyCost(**{k: _number(origin, f"families.{fam}.{k}", fc[k]) for k in _FAMILY_FIELDS})
+                 for fam, fc in families.items()}
+    pre = dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"]
+    short = sorted(f for f, fc in fam_costs.items() if fc.fixed_ns < pre)
+    if short:
+        raise CalibrationError(f"{origin}: families {short} have fixed_ns below pdl_prologue_ns + "
+                               "pdl_first_read_setup_ns")
     host_profiles = {name: HostCosts(**{k: _number(origin, f"host_profiles.{name}.{k}", prof[k])
-                                        for k in _HOST_FIELDS})
+                                        for k in _HOST_FIELDS if k in prof})
                      for name, prof in profiles.items()}
     profile = host or data.get("default_host_profile") or next(iter(host_profiles))
     if profile not in host_profiles:
         raise CalibrationError(f"unknown host profile {profile!r} for {data['gpu']}; known: "
                                f"{', '.join(host_profiles)}")
-    return Calibration(gpu=str(data["gpu"]), name=str(data["name"]), host=host_profiles[profile],
+    return Calibration(gpu=str(data["gpu"]), name=str(data["name"]), host=host_profiles[profile], families=fam_costs,
                        host_profile=profile, host_profiles=host_profiles, sources=dict(sources), **dev)
 
 
-def _check_keys(origin: str, where: str, section: dict[str, Any], expected: list[str]) -> None:
-    missing = [k for k in expected if k not in section]
+def _check_keys(origin: str, where: str, section: dict[str, Any], expected: list[str],
+                optional: set[str] = frozenset()) -> None:  # type: ignore[assignment]
+    missing = [k for k in expected if k not in section and k not in optional]
     if missing:
         raise CalibrationError(f"{origin}: {where} is missing field(s) {missing}")
     extra = sorted(set(section) - set(expected))

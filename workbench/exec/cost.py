@@ -121,8 +121,10 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     """Roofline cost of ``node`` on the GPU of ``cal``."""
     blocks, threads = launch_geometry(node, cal.sm_count)
     nbytes, flops = float(node.bytes), float(node.flops)
-    mem_ns = nbytes / cal.dram_Bpns
-    cmp_ns = flops / cal.fp32_flops_per_ns
+    fam = cal.families.get(node.family)  # measured per-family correction (workbench calibrate)
+    scale = fam.work_scale if fam else 1.0
+    mem_ns = nbytes / cal.dram_Bpns * scale
+    cmp_ns = flops / cal.fp32_flops_per_ns * scale
     slots = cal.sm_count * cal.max_threads_per_sm
     resident = min(blocks * threads, slots)
     mem_cap = min(1.0, resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns))
@@ -134,7 +136,8 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     return KernelCost(
         name=kernel_name(node), blocks=blocks, threads=threads, bytes=nbytes, flops=flops,
         work_ns=work, cap=cap, occupancy=min(1.0, blocks * threads / slots),
-        write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0, fixed_ns=cal.kernel_fixed_ns,
+        write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0,
+        fixed_ns=fam.fixed_ns if fam else cal.kernel_fixed_ns,
     )
 
 

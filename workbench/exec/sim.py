@@ -258,6 +258,7 @@ class _Engine:
     def run_token(self, plan: Plan, token: int) -> None:
         """Issue one token's host program (capturing the graph first if it changed)."""
         h, pi = self.cal.host, self.info(plan)
+        self.host_t += h.token_overhead_ns  # host work outside CUDA calls (inputs, staging, logits)
         for op in plan.host_program:
             t0 = self.host_t
             k = op.kind

@@ -1,0 +1,124 @@
+"""``workbench calibrate``'s fit, without a GPU: traces the simulator makes with a known
+calibration go through the same analyses as CUPTI traces of the executor, and the fit must give
+that calibration's parameters back."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from workbench.exec.calibrate import (
+    CALIBRATION_STRATEGIES,
+    ModelSpec,
+    fit,
+    fit_family,
+    timing_weights,
+    trace_tables,
+)
+from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
+from workbench.exec.sim import run_sim
+from workbench.models import build_graph, preset
+
+SPECS = (ModelSpec("llama-3.2-1b", 1, 512), ModelSpec("llama-3.1-8b", 2, 1024))
+
+
+def _synthetic_probes(cal) -> dict:
+    """What the probe kernels would measure on a GPU that behaves exactly like ``cal``."""
+    full = cal.dram_bandwidth_GBps * cal.dram_efficiency
+    reads = [{"blocks": b, "threads": 256 * b, "bytes": 1 << 30,
+              "GBps": min(full, 256 * b * cal.bytes_in_flight_per_thread / cal.dram_latency_ns)}
+             for b in (1, 2, 4, 8, 16, 132, 1056)]
+    h = cal.host
+    return {
+        "sm_count": cal.sm_count, "max_threads_per_sm": cal.max_threads_per_sm,
+        "compute_capability": list(cal.compute_capability), "copy_d2d_GBps": cal.dram_bandwidth_GBps,
+        "read_probe": reads, "read_bytes_in_flight_per_thread": cal.bytes_in_flight_per_thread,
+        "fp32_TFLOPS": cal.fp32_TFLOPS,
+        "probe_trace_summary": {
+            "empty_duration_ns": cal.kernel_fixed_ns, "spin_pdl_start_to_start_ns": cal.pdl_launch_ns,
+            "h2d_pinned_big_bytes": 1 << 28, "h2d_pinned_big_ns": (1 << 28) / cal.pcie_GBps,
+            "h2d_small_pageable_ns": cal.memcpy_latency_ns + 16 / cal.pcie_GBps,
+            "h2d_small_pinned_ns": cal.memcpy_latency_ns + 16 / cal.pcie_GBps, "h2d_small_pageable_bytes": 16,
+            "eager_start_after_call_start_ns": h.launch_ns + cal.launch_latency_ns,
+            "graph_start_after_call_start_ns": h.graph_launch_ns + cal.graph_launch_latency_ns,
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def round_trip() -> tuple[dict, object]:
+    cal = load_calibration("h100")
+    runs = []
+    for spec in SPECS:
+        for label, st in CALIBRATION_STRATEGIES.items():
+            run = run_sim(spec.config(), st, 6, calibration=cal)
+            runs.append((spec, label, run.trace, {"nodes": len(run.plan.launches),
+                                                  "host_us_per_token": run.stats["us_per_token"]}))
+    raw = {"environment": {"gpu_name": "simulated H100", "date": "2026-01-01T00:00:00"}, "gpu": "h100",
+           "device": _synthetic_probes(cal), **trace_tables(runs)}
+    base = json.loads((CALIBRATION_DIR / "h100.json").read_text())
+    return fit(json.loads(json.dumps(raw)), base), cal
+
+
+def test_fit_gives_the_simulators_host_costs_back(round_trip) -> None:
+    out, cal = round_trip
+    h = out["host_profiles"]["python"]
+    for key in ("launch_ns", "launch_pdl_ns", "graph_launch_ns", "memcpy_async_ns", "memcpy_blocking_ns",
+                "stream_sync_ns", "sync_wakeup_ns", "event_record_ns", "stream_wait_event_ns"):
+        assert h[key] == pytest.approx(getattr(cal.host, key), rel=0.02, abs=5), key
+    assert h["token_overhead_ns"] == pytest.approx(0, abs=5)
+    assert h["graph_instantiate_per_node_ns"] == pytest.approx(cal.host.graph_instantiate_per_node_ns, rel=0.02)
+    assert h["graph_instantiate_ns"] == pytest.approx(cal.host.graph_instantiate_ns, rel=0.02)
+
+
+def test_fit_gives_the_simulators_device_costs_back(round_trip) -> None:
+    out, cal = round_trip
+    d = out["device"]
+    for key in ("dram_bandwidth_GBps", "dram_latency_ns", "pcie_GBps", "memcpy_latency_ns", "kernel_fixed_ns",
+                "dependency_gap_ns", "launch_latency_ns", "graph_launch_latency_ns", "pdl_launch_ns",
+                "pdl_release_ns"):
+        assert d[key] == pytest.approx(getattr(cal, key), rel=0.02, abs=5), key
+    assert d["dram_efficiency"] == pytest.approx(cal.dram_efficiency, rel=1e-3)
+    # every kernel of the simulator is fixed + 1 x roofline: each family's fit says so
+    for fam, fc in out["families"].items():
+        assert fc["work_scale"] == pytest.approx(1.0, rel=0.02), fam
+        assert fc["fixed_ns"] == pytest.approx(cal.kernel_fixed_ns, rel=0.02), fam
+
+
+def test_fitted_file_loads_with_a_source_for_every_field(round_trip) -> None:
+    out, _ = round_trip
+    cal = parse_calibration(json.loads(json.dumps(out)), "fitted")
+    assert set(cal.families) >= {"mul_mat", "norm", "attn"}
+    assert all("measured by `workbench calibrate`" in out["sources"][f"families.{f}.fixed_ns"] for f in cal.families)
+    assert "measured" in out["sources"]["host_profiles.python.launch_ns"]
+    # llama.cpp's profiles are kept as shipped
+    shipped = json.loads((CALIBRATION_DIR / "h100.json").read_text())
+    assert out["host_profiles"]["llama.cpp"] == shipped["host_profiles"]["llama.cpp"]
+
+
+def test_a_missing_family_source_is_refused(round_trip) -> None:
+    out, _ = round_trip
+    broken = json.loads(json.dumps(out))
+    fam = next(iter(broken["families"]))
+    del broken["sources"][f"families.{fam}.work_scale"]
+    with pytest.raises(ValueError, match="without a source"):
+        parse_calibration(broken, "broken")
+
+
+def test_family_fit_is_relative_least_squares() -> None:
+    r = np.array([0.0, 1000.0, 5000.0, 20000.0])
+    fixed, scale, err = fit_family(1500 + 1.3 * r, r)
+    assert fixed == pytest.approx(1500) and scale == pytest.approx(1.3) and err < 1e-9
+    fixed, scale, _ = fit_family(1500 + 1.3 * r, r, min_fixed=2000)
+    assert fixed == 2000 and 1.0 < scale < 1.3
+
+
+def test_timing_weights_have_the_graphs_shapes_dtypes_and_scale() -> None:
+    g = build_graph(preset("llama-tiny", layers=1))
+    w = timing_weights(g, block=1000)
+    assert set(w) == set(g.weights)
+    for name, v in g.weights.items():
+        assert w[name].shape == tuple(v.shape)
+        assert np.isfinite(w[name].astype(np.float32)).all() and np.abs(w[name].astype(np.float32)).max() > 0

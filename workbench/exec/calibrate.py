@@ -1,0 +1,867 @@
+"""``workbench calibrate``: measure the simulator's cost model on this GPU and write the file
+the simulator reads (``data/calibration/<gpu>.json``), each field with how it was measured.
+
+Two halves, so that fitting can be re-run without a GPU:
+
+* **measure** (GPU, CUPTI): microbenchmarks with small probe kernels (device-to-device copy
+  bandwidth, a streaming read at growing grid sizes for latency x bytes in flight, an FMA
+  loop, empty-kernel chains under graph replay, a PDL chain of spin kernels, pinned and
+  pageable copies, three small grids on three streams), then CUPTI traces of the ``cuda``
+  executor decoding the calibration models under the strategies whose costs the simulator
+  needs (eager, eager + PDL, eager qkv, graphs, graphs + PDL; each sync pattern). The result
+  is one JSON document of raw numbers and per-kernel durations (``--raw``).
+* **fit** (pure): raw numbers -> calibration. Host costs are the periods of each API call in
+  the executor's own traces (call start to the next call's start: what the host thread really
+  spends per call, Python included); kernel costs per family are a least-squares fit, in
+  relative error, of ``fixed_ns + work_scale x roofline`` to the measured durations of every
+  kernel of the calibration models; PDL's overlap is measured per kernel boundary (graphs vs
+  graphs + PDL) and summarised by the global parameters the simulator reads.
+
+Model families listed in ``--holdout`` are never measured here, so the fidelity report
+(``benchmarks/sim_fidelity.py``) can show the error on a family the fit has not seen.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import platform
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from math import prod
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..models import ModelConfig, build_graph, load_config
+from ..strategy import Strategy
+from ..trace import Trace
+from .calibration import CALIBRATION_DIR, parse_calibration
+
+# ------------------------------------------------------------------------------------------
+# what is measured
+# ------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model shape the calibration (or the fidelity report) runs: preset, layers, context."""
+
+    model: str
+    layers: int | None = None
+    context: int | None = None
+
+    def config(self) -> ModelConfig:
+        return load_config(self.model, layers=self.layers, context=self.context)
+
+    @property
+    def label(self) -> str:
+        parts = [self.model]
+        if self.layers:
+            parts.append(f"L{self.layers}")
+        if self.context:
+            parts.append(f"ctx{self.context}")
+        return "/".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "layers": self.layers, "context": self.context}
+
+
+#: dense Llama shapes at two sizes and two contexts: mat-vecs from 512 x 2048 to 14336 x 4096
+CALIBRATION_MODELS = (
+    ModelSpec("llama-3.2-1b", 4, 512),
+    ModelSpec("llama-3.1-8b", 2, 2048),
+)
+#: the strategies whose traces give each host cost and the PDL boundaries
+CALIBRATION_STRATEGIES: dict[str, Strategy] = {
+    "eager": Strategy(),
+    "eager+pdl": Strategy(pdl=True),
+    "eager+qkv+boundary": Strategy(streams="qkv", sync="boundary"),
+    "graphs+boundary": Strategy(graphs=True, sync="boundary"),
+    "graphs+pdl+implicit": Strategy(graphs=True, pdl=True, sync="implicit"),
+}
+#: families never measured by default (the fidelity report's held-out families)
+DEFAULT_HOLDOUT = ("qwen3", "qwen3_moe", "qwen3_next", "gpt_oss")
+
+PROBE_SRC = r"""
+extern "C" __global__ void wb_empty() {}
+
+// streaming read: each thread keeps READ_UNROLL 16-byte loads in flight per iteration
+#define READ_UNROLL 2
+extern "C" __global__ void wb_read(const uint4* __restrict__ x, long long n, unsigned* out) {
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    const long long stride = (long long)gridDim.x * blockDim.x;
+    unsigned acc = 0;
+#pragma unroll 1
+    for (; i + (READ_UNROLL - 1) * stride < n; i += READ_UNROLL * stride) {
+        uint4 v[READ_UNROLL];
+#pragma unroll
+        for (int u = 0; u < READ_UNROLL; ++u) v[u] = __ldcs(x + i + u * stride);
+#pragma unroll
+        for (int u = 0; u < READ_UNROLL; ++u) acc ^= v[u].x ^ v[u].y ^ v[u].z ^ v[u].w;
+    }
+    for (; i < n; i += stride) { uint4 v = __ldcs(x + i); acc ^= v.x ^ v.y ^ v.z ^ v.w; }
+    if (acc == 0x9e3779b9u) out[0] = acc;
+}
+
+// fp32 FMA rate: 8 independent chains per thread
+extern "C" __global__ void wb_fma(float* out, int iters) {
+    float a0 = threadIdx.x, a1 = a0 + 1, a2 = a0 + 2, a3 = a0 + 3, a4 = a0 + 4, a5 = a0 + 5, a6 = a0 + 6, a7 = a0 + 7;
+    for (int k = 0; k < iters; ++k) {
+        a0 = fmaf(a0, 0.9999f, 0.0001f); a1 = fmaf(a1, 0.9999f, 0.0001f);
+        a2 = fmaf(a2, 0.9999f, 0.0001f); a3 = fmaf(a3, 0.9999f, 0.0001f);
+        a4 = fmaf(a4, 0.9999f, 0.0001f); a5 = fmaf(a5, 0.9999f, 0.0001f);
+        a6 = fmaf(a6, 0.9999f, 0.0001f); a7 = fmaf(a7, 0.9999f, 0.0001f);
+    }
+    out[blockIdx.x * blockDim.x + threadIdx.x] = a0 + a1 + a2 + a3 + a4 + a5 + a6 + a7;
+}
+
+// spin for a number of clock cycles; with pdl: trigger dependents, then wait for the predecessor
+extern "C" __global__ void wb_spin(long long cycles, int pdl) {
+    if (pdl) {
+        asm volatile("griddepcontrol.launch_dependents;");
+        asm volatile("griddepcontrol.wait;" ::: "memory");
+    }
+    const long long t0 = clock64();
+    while (clock64() - t0 < cycles) {}
+}
+"""
+READ_BYTES_IN_FLIGHT = 32  # READ_UNROLL x 16 bytes per thread
+
+
+# ------------------------------------------------------------------------------------------
+# weights for timing runs
+# ------------------------------------------------------------------------------------------
+def timing_weights(graph: Any, seed: int = 0, block: int = 1 << 18) -> dict[str, np.ndarray]:
+    """Weights with ``random_weights``' distributions, drawn for at most ``block`` elements per
+    tensor and tiled: the same bytes to stream and values of the same scale (never zeros, which
+    can run faster), in seconds instead of minutes for billion-parameter shapes."""
+    from ..models import weights as W
+
+    overrides = graph.meta.get("weight_init", {})
+    fan_ins = graph.meta.get("weight_fan_in", {})
+    out: dict[str, np.ndarray] = {}
+    for name, view in sorted(graph.weights.items()):
+        n = prod(view.shape)
+        k = min(n, block)
+        rng = np.random.default_rng([seed, W._stable_hash(name)])
+        small = SimpleNamespace(shape=(k,))
+        init = (overrides[name](rng, (k,)) if name in overrides
+                else W._init(name, small, rng, fan_ins.get(name) or view.shape[-1]))
+        stored = W.to_storage(np.asarray(init, np.float32).reshape(-1), view.dtype)
+        out[name] = np.resize(stored, view.shape)
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# trace analyses (pure): what the fit reads from an executor trace
+# ------------------------------------------------------------------------------------------
+LAUNCH_APIS = ("cuLaunchKernelEx", "cuLaunchKernel", "cudaLaunchKernel", "cudaLaunchKernelExC")
+
+
+def _steady(ev: pd.DataFrame) -> pd.DataFrame:
+    """Events of the measured tokens (all but the first token)."""
+    toks = sorted(t for t in ev["token"].unique() if t >= 0)
+    return ev[ev["token"] >= (toks[1] if len(toks) > 1 else 0)] if toks else ev.iloc[0:0]
+
+
+def api_periods(trace: Trace) -> pd.DataFrame:
+    """Each host call of the measured tokens with its ``period_ns`` (its start to the next
+    call's start on the same thread, the host time the call and the Python around it take),
+    ``issue_ns`` (call start to the start of the device work it issued), ``wait_ns`` / ``resume_ns``
+    (for calls that waited for device work: from that work's end to the call's return / to the
+    next call; NaN otherwise)."""
+    ev = trace.events
+    host = ev[ev["row"] == "CUDA API"].sort_values("start_ns", kind="stable")
+    host = host.assign(next_start=host.groupby("tid")["start_ns"].shift(-1),
+                       next_token=host.groupby("tid")["token"].shift(-1))
+    dev = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]
+    first_start = dev[dev["corr_id"] >= 0].groupby("corr_id")["start_ns"].min()
+    host = host.assign(device_start=host["corr_id"].map(first_start))
+    dev_end = np.sort(dev["end_ns"].to_numpy())
+    # the device work a blocking call waited for: the last device event ending inside the call
+    k = np.searchsorted(dev_end, host["end_ns"].to_numpy(), side="right") - 1
+    last_end = np.where(k >= 0, dev_end[np.clip(k, 0, None)], -1)
+    waited = (last_end > host["start_ns"].to_numpy()) & host["kind"].isin(["sync"]).to_numpy()
+    blocking_copy = (host["name"] == "cudaMemcpy").to_numpy() & (last_end > host["start_ns"].to_numpy())
+    out = host.assign(period_ns=host["next_start"] - host["start_ns"], issue_ns=host["device_start"] - host["start_ns"],
+                      wait_ns=np.where(waited | blocking_copy, host["end_ns"].to_numpy() - last_end, np.nan),
+                      resume_ns=np.where(waited | blocking_copy, host["next_start"].to_numpy() - last_end, np.nan),
+                      last_device_end=last_end)
+    return _steady(out)
+
+
+def kernel_table(trace: Trace) -> pd.DataFrame:
+    """Median duration, start gap after the previous kernel on its stream, and count of each
+    Plan node's kernel over the measured tokens."""
+    k = _steady(trace.events)
+    k = k[(k["kind"] == "kernel") & (k["node"] != "")].sort_values("start_ns", kind="stable")
+    if k.empty:
+        return pd.DataFrame(columns=["node", "name", "duration_ns", "gap_ns", "n"])
+    k = k.assign(dur=k["end_ns"] - k["start_ns"], gap=k["start_ns"] - k.groupby(["stream", "token"])["end_ns"].shift(1))
+    g = k.groupby("node", sort=False)
+    return pd.DataFrame({"name": g["name"].first(), "duration_ns": g["dur"].median(), "gap_ns": g["gap"].median(),
+                         "n": g["dur"].size()}).reset_index()
+
+
+def boundary_table(plain: Trace, pdl: Trace) -> pd.DataFrame:
+    """Per pair of consecutive kernels on one stream, the time from the first one's end to the
+    second one's end without and with PDL (medians over the measured tokens), and the saving."""
+    def ends(tr: Trace) -> pd.DataFrame:
+        k = _steady(tr.events)
+        k = k[(k["kind"] == "kernel") & (k["node"] != "")].sort_values("start_ns", kind="stable")
+        k = k.assign(prev=k.groupby(["stream", "token"])["node"].shift(1),
+                     step=k["end_ns"] - k.groupby(["stream", "token"])["end_ns"].shift(1),
+                     overlap=k.groupby(["stream", "token"])["end_ns"].shift(1) - k["start_ns"])
+        k = k.dropna(subset=["prev"])
+        g = k.groupby(["prev", "node"], sort=False)
+        return pd.DataFrame({"step_ns": g["step"].median(), "overlap_ns": g["overlap"].median()})
+
+    a, b = ends(plain), ends(pdl)
+    t = a.add_suffix("_plain").join(b.add_suffix("_pdl"), how="inner").reset_index()
+    return t.assign(saving_ns=t["step_ns_plain"] - t["step_ns_pdl"])
+
+
+# ------------------------------------------------------------------------------------------
+# measuring (GPU)
+# ------------------------------------------------------------------------------------------
+def _capture():
+    from ..trace.cupti import CuptiCapture, cupti_available
+
+    if not cupti_available():
+        raise RuntimeError("workbench calibrate reads kernel and API timestamps from CUPTI: install cupti-python "
+                           "(pip install cupti-python, or the `gpu` extra)")
+    return CuptiCapture()
+
+
+class _Probes:
+    """The probe kernels on one stream, launched plain, with PDL, or captured into graphs."""
+
+    def __init__(self) -> None:
+        import cupy as cp
+
+        from .kernels import LaunchHandle
+
+        self.cp = cp
+        dev = cp.cuda.Device()
+        self.cc = tuple(int(c) for c in dev.compute_capability)
+        self.mod = cp.RawModule(code=PROBE_SRC, options=(f"-arch=sm_{self.cc[0]}{self.cc[1]}",))
+        self.stream = cp.cuda.Stream(non_blocking=True)
+        self._Launch = LaunchHandle
+
+    def handle(self, name: str, grid: int, block: int, args: Sequence[Any], pdl: bool = False, stream: Any = None):
+        import ctypes
+
+        cargs = [a if isinstance(a, ctypes._SimpleCData) else ctypes.c_void_p(int(a)) for a in args]
+        s = stream or self.stream
+        return self._Launch(name, self.mod.get_function(name), (grid,), (block,), s.ptr, cargs, pdl)
+
+    def graph(self, fn: Callable[[], None]) -> Any:
+        s = self.stream
+        s.begin_capture()
+        try:
+            fn()
+        finally:
+            g = s.end_capture()
+        g.upload(s)
+        s.synchronize()
+        return g
+
+
+def _events_time_ms(cp: Any, stream: Any, fn: Callable[[], None], reps: int) -> list[float]:
+    out = []
+    for _ in range(reps):
+        a, b = cp.cuda.Event(), cp.cuda.Event()
+        a.record(stream)
+        fn()
+        b.record(stream)
+        b.synchronize()
+        out.append(cp.cuda.get_elapsed_time(a, b))
+    return out
+
+
+def measure_device(log: Callable[[str], None] = print) -> dict[str, Any]:
+    """Probe-kernel microbenchmarks (the device half of the calibration)."""
+    import ctypes
+
+    pr = _Probes()
+    cp, s = pr.cp, pr.stream
+    raw: dict[str, Any] = {}
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    raw["sm_count"] = int(props["multiProcessorCount"])
+    raw["max_threads_per_sm"] = int(props["maxThreadsPerMultiProcessor"])
+    raw["compute_capability"] = list(pr.cc)
+
+    # device-to-device copy: bytes read + written per second
+    n = 1 << 30
+    src_buf, dst_buf = cp.empty(n, cp.uint8), cp.empty(n, cp.uint8)
+    src_buf.fill(1)
+    with s:
+        ms = _events_time_ms(cp, s, lambda: cp.copyto(dst_buf, src_buf), 10)
+    raw["copy_d2d_GBps"] = 2 * n / (np.median(ms[2:]) * 1e-3) / 1e9
+    log(f"  D2D copy {raw['copy_d2d_GBps']:.0f} GB/s")
+
+    # streaming read at growing grid sizes (256 threads a block)
+    x = cp.ones(n // 16 * 4, cp.uint32)
+    out = cp.zeros(4, cp.uint32)
+    reads = []
+    for blocks in (1, 2, 4, 8, 16, 33, 66, 132, 264, 528, 1056, 2112):
+        nvec = n // 16 if blocks >= 132 else min(n // 16, blocks * 256 * 2 * 256)
+        h = pr.handle("wb_read", blocks, 256, (x.data.ptr, ctypes.c_longlong(nvec), out.data.ptr))
+        h()
+        ms = _events_time_ms(cp, s, h, 5)
+        reads.append({"blocks": blocks, "threads": 256 * blocks, "bytes": nvec * 16,
+                      "GBps": nvec * 16 / (np.median(ms[1:]) * 1e-3) / 1e9})
+    raw["read_probe"] = reads
+    raw["read_bytes_in_flight_per_thread"] = READ_BYTES_IN_FLIGHT
+    log("  read probe " + ", ".join(f"{r['blocks']}b:{r['GBps']:.0f}" for r in reads))
+    src_buf = dst_buf = x = None  # free 3 GiB before the next probes
+
+    # fp32 FMA rate
+    blocks, threads, iters = raw["sm_count"] * 8, 256, 1 << 11
+    y = cp.zeros(blocks * threads, cp.float32)
+    h = pr.handle("wb_fma", blocks, threads, (y.data.ptr, ctypes.c_int(iters)))
+    h()
+    ms = _events_time_ms(cp, s, h, 5)
+    raw["fp32_TFLOPS"] = 2 * 8 * iters * blocks * threads / (np.median(ms[1:]) * 1e-3) / 1e12
+    log(f"  FMA {raw['fp32_TFLOPS']:.1f} TFLOP/s")
+
+    # CUPTI: empty chains (graph), launch latencies, PDL chain of spin kernels, copies, concurrency
+    spin_cycles = 15000  # ~8 us at Hopper's ~1.9 GHz boost clock
+    L = 64
+    empty = [pr.handle("wb_empty", 1, 32, ()) for _ in range(L)]
+    empty132 = [pr.handle("wb_empty", raw["sm_count"], 128, ()) for _ in range(L)]
+    spin = [pr.handle("wb_spin", raw["sm_count"], 128, (ctypes.c_longlong(spin_cycles), ctypes.c_int(0)))
+            for _ in range(16)]
+    spin_pdl = [pr.handle("wb_spin", raw["sm_count"], 128, (ctypes.c_longlong(spin_cycles), ctypes.c_int(1)), pdl=True)
+                for _ in range(16)]
+    g_empty = pr.graph(lambda: [h() for h in empty])
+    g_empty132 = pr.graph(lambda: [h() for h in empty132])
+    g_spin = pr.graph(lambda: [h() for h in spin])
+    g_spin_pdl = pr.graph(lambda: [h() for h in spin_pdl])
+    side = [cp.cuda.Stream(non_blocking=True) for _ in range(2)]
+    small = 8
+    xs = [cp.ones(small * 256 * 2 * 512 * 4, cp.uint32) for _ in range(3)]
+    nv = small * 256 * 2 * 512
+    conc_serial = [pr.handle("wb_read", small, 256, (xx.data.ptr, ctypes.c_longlong(nv), out.data.ptr)) for xx in xs]
+    conc_par = [pr.handle("wb_read", small, 256, (xx.data.ptr, ctypes.c_longlong(nv), out.data.ptr), stream=st)
+                for xx, st in zip(xs, [s, *side])]
+
+    def fork_join() -> None:
+        ev = cp.cuda.Event(disable_timing=True)
+        ev.record(s)
+        for st in side:
+            st.wait_event(ev)
+        for hh in conc_par:
+            hh()
+        for st in side:
+            e = cp.cuda.Event(disable_timing=True)
+            e.record(st)
+            s.wait_event(e)
+
+    g_serial = pr.graph(lambda: [h() for h in conc_serial])
+    # (three 8-block streaming reads: serial in one graph vs fork/join on three streams)
+    g_par = pr.graph(fork_join)
+    big = 256 << 20
+    hp = cp.cuda.alloc_pinned_memory(big)
+    hbuf = np.frombuffer(hp, np.uint8, big)
+    dbuf = cp.empty(big, cp.uint8)
+    small_h = np.zeros(16, np.uint8)
+    small_p = np.frombuffer(cp.cuda.alloc_pinned_memory(16), np.uint8, 16)
+    for g in (g_empty, g_empty132, g_spin, g_spin_pdl, g_serial, g_par):  # warm up
+        g.launch(s)
+    s.synchronize()
+
+    cap = _capture().start()
+    reps = 5
+    marks: list[tuple[str, int]] = []
+
+    def mark(label: str) -> None:
+        s.synchronize()
+        marks.append((label, int(time.perf_counter_ns())))
+        cap.mark_token(len(marks) - 1)
+
+    for _ in range(reps):
+        mark("graph_empty")
+        g_empty.launch(s)
+        mark("graph_empty132")
+        g_empty132.launch(s)
+        mark("graph_spin")
+        g_spin.launch(s)
+        mark("graph_spin_pdl")
+        g_spin_pdl.launch(s)
+        mark("graph_serial3")
+        g_serial.launch(s)
+        mark("graph_fork3")
+        g_par.launch(s)
+        for _ in range(8):
+            mark("eager_idle")
+            empty[0]()
+            s.synchronize()
+        mark("h2d_pinned_big")
+        cp.cuda.runtime.memcpyAsync(dbuf.data.ptr, hbuf.ctypes.data, big, 1, s.ptr)
+        mark("d2h_pinned_big")
+        cp.cuda.runtime.memcpyAsync(hbuf.ctypes.data, dbuf.data.ptr, big, 2, s.ptr)
+        for _ in range(8):
+            mark("h2d_small_pageable")
+            cp.cuda.runtime.memcpy(dbuf.data.ptr, small_h.ctypes.data, 16, 1)
+            mark("h2d_small_pinned")
+            cp.cuda.runtime.memcpyAsync(dbuf.data.ptr, small_p.ctypes.data, 16, 1, s.ptr)
+            s.synchronize()
+    mark("end")
+    tr = cap.stop()
+    raw["probe_trace_summary"] = _probe_summary(tr, [m for m, _ in marks])
+    log("  " + ", ".join(f"{k}={v:.0f}" for k, v in raw["probe_trace_summary"].items() if isinstance(v, float)))
+    return raw
+
+
+def _probe_summary(tr: Trace, labels: Sequence[str]) -> dict[str, float]:
+    """Numbers from the CUPTI trace of the probe runs (token i = the i-th mark)."""
+    ev = tr.events
+    ev = ev.assign(label=[labels[t] if 0 <= t < len(labels) else "" for t in ev["token"]])
+    kern = ev[ev["kind"] == "kernel"].sort_values("start_ns", kind="stable")
+    api = ev[ev["row"] == "CUDA API"]
+    out: dict[str, float] = {}
+
+    def chain(label: str) -> pd.DataFrame:
+        k = kern[kern["label"] == label]
+        return k.assign(dur=k["end_ns"] - k["start_ns"],
+                        gap=k["start_ns"] - k.groupby("token")["end_ns"].shift(1),
+                        s2s=k["start_ns"] - k.groupby("token")["start_ns"].shift(1),
+                        e2e=k["end_ns"] - k.groupby("token")["end_ns"].shift(1))
+
+    e = chain("graph_empty")
+    out["empty_duration_ns"] = float(e["dur"].median())
+    out["empty_gap_ns"] = float(e["gap"].median())
+    e = chain("graph_empty132")
+    out["empty132_duration_ns"] = float(e["dur"].median())
+    out["empty132_gap_ns"] = float(e["gap"].median())
+    sp = chain("graph_spin")
+    out["spin_duration_ns"] = float(sp["dur"].median())
+    out["spin_gap_ns"] = float(sp["gap"].median())
+    sp = chain("graph_spin_pdl")
+    out["spin_pdl_duration_ns"] = float(sp["dur"].median())
+    out["spin_pdl_start_to_start_ns"] = float(sp["s2s"].median())
+    out["spin_pdl_end_to_end_ns"] = float(sp["e2e"].median())
+    for label in ("graph_serial3", "graph_fork3"):
+        k = kern[kern["label"] == label].groupby("token").agg(s=("start_ns", "min"), e=("end_ns", "max"))
+        out[f"{label}_span_ns"] = float((k["e"] - k["s"]).median())
+    k3 = kern[kern["label"] == "graph_serial3"]
+    out["read8_alone_ns"] = float((k3["end_ns"] - k3["start_ns"]).median())
+    # launch latencies: kernel start - API call end, GPU idle
+    idle = kern[kern["label"] == "eager_idle"].merge(api[["corr_id", "start_ns", "end_ns"]], on="corr_id",
+                                                      suffixes=("", "_api"))
+    out["eager_start_after_call_start_ns"] = float((idle["start_ns"] - idle["start_ns_api"]).median())
+    out["eager_start_after_call_end_ns"] = float((idle["start_ns"] - idle["end_ns_api"]).median())
+    gl = kern[kern["label"] == "graph_empty"].groupby("token").first().reset_index()
+    gl = gl.merge(api[["corr_id", "start_ns", "end_ns"]], on="corr_id", suffixes=("", "_api"))
+    out["graph_start_after_call_start_ns"] = float((gl["start_ns"] - gl["start_ns_api"]).median())
+    out["graph_start_after_call_end_ns"] = float((gl["start_ns"] - gl["end_ns_api"]).median())
+    cp_ = ev[ev["kind"] == "memcpy"]
+    for label in ("h2d_pinned_big", "d2h_pinned_big", "h2d_small_pageable", "h2d_small_pinned"):
+        c = cp_[cp_["label"] == label]
+        out[f"{label}_ns"] = float((c["end_ns"] - c["start_ns"]).median())
+        out[f"{label}_bytes"] = float(c["bytes"].median())
+    return out
+
+
+def trace_executor(spec: ModelSpec, strategy: Strategy, weights: Mapping[str, np.ndarray], tokens: int,
+                   seed: int = 0) -> tuple[Trace, dict[str, Any]]:
+    """A CUPTI trace of ``tokens`` decode steps on the cuda executor, graph capture included
+    (in token -1), and the executor's host times."""
+    from ..trace.cupti import CuptiCapture, copies_from_plan, sites_from_plan
+    from .cuda import CudaExecutor
+
+    cfg = spec.config()
+    ex = CudaExecutor(cfg, strategy, dict(weights), seed)
+    ids = np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)
+    b = ex.prepare(0)  # compile kernels (and capture) outside the measurement
+    ex.step(int(ids[0]), 0)
+    if any(ex.cfg.kv_len(i) != cfg.kv_len(0) for i in range(tokens)):
+        raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or a larger context")
+    sites = sites_from_plan(b.plan, ex.kernel_of)
+    b.graph = None  # captured again below, inside the trace
+    cap = CuptiCapture(sites, copies_from_plan(b.plan), model=cfg.name, strategy=strategy.label(), backend="cuda",
+                       device=ex.device).start()
+    try:
+        ex.prepare(0)
+        n0 = len(ex.times.start_ns)
+        for i, tok in enumerate(ids):
+            ex.prepare(i)
+            cap.mark_token(i)
+            ex.step(int(tok), i)
+    finally:
+        tr = cap.stop()
+    us = (np.asarray(ex.times.end_ns[n0:]) - np.asarray(ex.times.start_ns[n0:])) / 1e3
+    return tr, {"host_us_per_token": float(np.mean(us[1:])) if len(us) > 1 else float(us[0]),
+                "nodes": len(b.plan.launches), "device": ex.device, "device_name": ex.device_name}
+
+
+def measure_models(specs: Iterable[ModelSpec], strategies: Mapping[str, Strategy], tokens: int = 12,
+                   seed: int = 0, log: Callable[[str], None] = print,
+                   keep: Callable[[str, Trace], None] | None = None) -> dict[str, Any]:
+    """Executor traces of each model under each strategy -> the tables the fit reads."""
+    runs: list[tuple[ModelSpec, str, Trace, dict[str, Any]]] = []
+    for spec in specs:
+        cfg = spec.config()
+        weights = timing_weights(build_graph(cfg), seed)
+        for label, st in strategies.items():
+            t0 = time.perf_counter()
+            tr, info = trace_executor(spec, st, weights, tokens, seed)
+            runs.append((spec, label, tr, info))
+            if keep is not None:
+                keep(f"{spec.label}/{label}", tr)
+            log(f"  {spec.label:28s} {label:22s} {info['host_us_per_token']:9.1f} us/token  "
+                f"{len(tr)} events  {time.perf_counter() - t0:.1f} s")
+    return trace_tables(runs)
+
+
+def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]) -> dict[str, Any]:
+    """The raw tables of the fit from (model, strategy label, trace, info) runs: per-node
+    kernel durations, host call periods, graph instantiation, PDL boundaries. ``info`` holds
+    ``nodes`` (launches per token) and ``host_us_per_token``. Pure: the tests feed it
+    simulator traces and check that the fit gives the simulator's parameters back."""
+    kernels, periods, bounds, instantiate, rows = [], [], [], [], []
+    by_spec: dict[ModelSpec, dict[str, Trace]] = {}
+    for spec, label, tr, info in runs:
+        by_spec.setdefault(spec, {})[label] = tr
+        spec_cols = {f"spec_{k}": v for k, v in spec.to_dict().items()}
+        kernels.append(kernel_table(tr).assign(model=spec.label, strategy=label, **spec_cols))
+        ap = api_periods(tr)
+        periods.append(ap[["name", "kind", "token", "start_ns", "end_ns", "period_ns", "issue_ns", "wait_ns",
+                           "resume_ns", "next_token"]].assign(model=spec.label, strategy=label))
+        host = tr.events[tr.events["row"] == "CUDA API"]
+        inst = host[host["name"].str.contains("GraphInstantiate|GraphUpload")]
+        if len(inst):  # instantiate + upload of the one capture
+            instantiate.append({"model": spec.label, "strategy": label, "nodes": int(info["nodes"]),
+                                "ns": float((inst["end_ns"] - inst["start_ns"]).sum())})
+        cap_calls = host[host["name"].str.contains("StreamBeginCapture|StreamEndCapture")]
+        rows.append({"model": spec.label, "strategy": label, "host_us_per_token": info.get("host_us_per_token"),
+                     "capture_call_ns": float((cap_calls["end_ns"] - cap_calls["start_ns"]).median())
+                     if len(cap_calls) else float("nan"), "events": len(tr), "device": info.get("device", "")})
+    for spec, traces in by_spec.items():
+        if "graphs+boundary" in traces and "graphs+pdl+implicit" in traces:
+            bt = boundary_table(traces["graphs+boundary"], traces["graphs+pdl+implicit"])
+            bounds.append(bt.assign(model=spec.label, **{f"spec_{k}": v for k, v in spec.to_dict().items()}))
+    return {
+        "kernels": _records(pd.concat(kernels, ignore_index=True)) if kernels else [],
+        "api": _records(pd.concat(periods, ignore_index=True)) if periods else [],
+        "boundaries": _records(pd.concat(bounds, ignore_index=True)) if bounds else [],
+        "instantiate": instantiate,
+        "runs": rows,
+    }
+
+
+def _records(df: pd.DataFrame) -> list[dict[str, Any]]:
+    return json.loads(df.to_json(orient="records"))
+
+
+def environment() -> dict[str, Any]:
+    """GPU name, driver, CUDA and library versions, date: what every measured file records."""
+    import cupy as cp
+
+    env: dict[str, Any] = {"date": _dt.datetime.now(_dt.UTC).isoformat(timespec="seconds"),
+                           "python": platform.python_version(), "cupy": cp.__version__}
+    props = cp.cuda.runtime.getDeviceProperties(cp.cuda.Device().id)
+    env["gpu_name"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    env["driver"] = cp.cuda.runtime.driverGetVersion()
+    env["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+    try:
+        import subprocess
+
+        env["driver_version"] = subprocess.run(["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"],
+                                               capture_output=True, text=True, timeout=20).stdout.strip()
+    except Exception:  # noqa: BLE001 - informative only
+        env["driver_version"] = ""
+    for mod in ("cupti", "cuda.bindings", "numba"):
+        try:
+            m = __import__(mod, fromlist=["__version__"])
+            env[mod] = getattr(m, "__version__", "")
+        except Exception:  # noqa: BLE001
+            env[mod] = "not installed"
+    return env
+
+
+def gpu_key(name: str) -> str:
+    """``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA H200`` -> ``h200``."""
+    low = name.lower()
+    for key in ("h200", "h100", "h20", "gh200", "b200", "a100", "l40s", "l4"):
+        if key in low:
+            return key
+    return low.replace("nvidia", "").strip().split()[0]
+
+
+def measure(specs: Sequence[ModelSpec] = CALIBRATION_MODELS,
+            strategies: Mapping[str, Strategy] | None = None, tokens: int = 12,
+            log: Callable[[str], None] = print, keep: Callable[[str, Trace], None] | None = None) -> dict[str, Any]:
+    """Everything the fit needs, measured on this GPU."""
+    env = environment()
+    log(f"calibrating {env['gpu_name']} (driver {env['driver_version']}, CUDA runtime {env['cuda_runtime']})")
+    raw: dict[str, Any] = {"format": 1, "environment": env, "gpu": gpu_key(env["gpu_name"]),
+                           "models": [s.to_dict() for s in specs]}
+    log("device probes")
+    raw["device"] = measure_device(log)
+    log("executor traces")
+    raw.update(measure_models(specs, strategies or CALIBRATION_STRATEGIES, tokens, log=log, keep=keep))
+    return raw
+
+
+# ------------------------------------------------------------------------------------------
+# fitting (pure)
+# ------------------------------------------------------------------------------------------
+def _median(x: Iterable[float]) -> float:
+    a = np.asarray([v for v in x if v is not None and v == v], dtype=float)
+    return float(np.median(a)) if len(a) else float("nan")
+
+
+def fit_family(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 0.0) -> tuple[float, float, float]:
+    """``duration ~ fixed + scale x roofline`` by least squares in relative error (each kernel
+    weighs 1/duration); returns (fixed_ns, scale, median relative error of the fit). Where the
+    roofline varies by less than a tenth of the typical duration the slope is not identifiable:
+    the roofline is kept (scale 1) and only the fixed part is fitted."""
+    d, r = np.asarray(durations, float), np.asarray(roofline, float)
+    w = 1.0 / np.maximum(d, 1.0)
+    A = np.stack([np.ones_like(r), r], axis=1) * w[:, None]
+    if len(d) >= 2 and np.ptp(r) > 0.1 * np.median(d):
+        (fixed, scale), *_ = np.linalg.lstsq(A, d * w, rcond=None)
+    else:  # the roofline hardly varies: its slope is not identifiable, keep it and fit the fixed part
+        fixed, scale = float(np.median(d - r)), 1.0
+    if scale <= 0:  # durations do not grow with the roofline: a constant
+        fixed, scale = float(np.median(d)), 0.0
+    if fixed < min_fixed:  # keep the fixed part >= what PDL overlaps; refit the slope
+        fixed = min_fixed
+        scale = max(0.0, float(np.sum(w * w * r * (d - fixed)) / max(np.sum(w * w * r * r), 1e-30)))
+    pred = fixed + scale * r
+    return float(fixed), float(scale), float(np.median(np.abs(pred - d) / d))
+
+
+def _host(api: pd.DataFrame, strategy: str, names: Sequence[str], col: str = "period_ns") -> tuple[float, int]:
+    a = api[(api["strategy"] == strategy) & api["name"].isin(names) & (api["next_token"] == api["token"])]
+    v = a[col].dropna()
+    return float(v.median()) if len(v) else float("nan"), int(len(v))
+
+
+def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
+    """Raw measurements + the shipped calibration file (dict) -> the measured calibration file.
+
+    Fields measured here replace the shipped ones and their sources say how they were measured;
+    the other host profiles (llama.cpp's) are kept as shipped."""
+    from ..models import build_graph as _bg
+    from ..strategy.compile import compile_plan
+    from .cost import kernel_cost
+
+    env, dev = raw["environment"], raw["device"]
+    pt = dev["probe_trace_summary"]
+    where = (f"measured by `workbench calibrate` on {env['gpu_name']} (driver {env.get('driver_version', '')}, "
+             f"CUDA runtime {env.get('cuda_runtime', '')}, {env['date'][:10]})")
+    out = json.loads(json.dumps(base))
+    out["gpu"] = raw.get("gpu", out["gpu"])
+    out["name"] = env["gpu_name"]
+    d, src = out["device"], out["sources"]
+    hp = out["host_profiles"].setdefault("python", {})
+
+    def setd(key: str, value: float, how: str) -> None:
+        if value != value:
+            raise ValueError(f"calibration fit: {key} came out NaN ({how}); the raw measurements lack it")
+        d[key] = round(float(value), 4) if key not in ("sm_count", "max_threads_per_sm") else int(value)
+        src[f"device.{key}"] = f"{where}: {how}"
+
+    def seth(key: str, value: float, how: str, n: int | None = None) -> None:
+        if value != value:
+            raise ValueError(f"calibration fit: host cost {key} came out NaN ({how}); the raw measurements lack it")
+        hp[key] = round(max(0.0, float(value)), 1)
+        src[f"host_profiles.python.{key}"] = f"{where}: {how}" + (f" (n={n})" if n is not None else "")
+
+    d["compute_capability"] = list(dev["compute_capability"])
+    src["device.compute_capability"] = f"{where}: cudaGetDeviceProperties"
+    setd("sm_count", dev["sm_count"], "cudaGetDeviceProperties.multiProcessorCount")
+    setd("max_threads_per_sm", dev["max_threads_per_sm"], "cudaGetDeviceProperties.maxThreadsPerMultiProcessor")
+    setd("dram_bandwidth_GBps", dev["copy_d2d_GBps"],
+         "1 GiB device-to-device copy (CuPy copyto), bytes read + written / median time of 8 (CUDA events)")
+    reads = dev["read_probe"]
+    full = max(r["GBps"] for r in reads)
+    setd("dram_efficiency", min(1.0, full / dev["copy_d2d_GBps"]),
+         f"streaming-read probe at full grid ({full:.0f} GB/s) / device-to-device copy bandwidth")
+    bif = dev["read_bytes_in_flight_per_thread"]
+    lat = [r["threads"] * bif / (r["GBps"]) for r in reads if r["GBps"] < 0.3 * full]
+    setd("dram_latency_ns", _median(lat),
+         f"Little's law on the streaming-read probe below 30% of peak bandwidth ({bif} B in flight per thread): "
+         "threads x bytes in flight / achieved bandwidth, median over grid sizes")
+    setd("bytes_in_flight_per_thread", bif,
+         "the read probe's two 16-byte loads in flight per thread, the same depth the latency above was measured with")
+    setd("fp32_TFLOPS", dev["fp32_TFLOPS"],
+         "FMA probe: 8 independent fmaf chains per thread, 8 blocks x 256 threads per SM")
+    pcie = pt["h2d_pinned_big_bytes"] / pt["h2d_pinned_big_ns"]
+    setd("pcie_GBps", pcie, "256 MiB pinned H2D cudaMemcpyAsync, CUPTI memcpy duration")
+    pageable, pinned = pt["h2d_small_pageable_ns"], pt["h2d_small_pinned_ns"]
+    setd("memcpy_latency_ns", (pageable + pinned) / 2 - 16 / pcie,
+         f"16-byte H2D copies, CUPTI memcpy duration: pageable cudaMemcpy {pageable:.0f} ns and pinned "
+         f"cudaMemcpyAsync {pinned:.0f} ns, mean, minus bytes / pcie_GBps")
+
+    api = pd.DataFrame(raw["api"])
+    kt = pd.DataFrame(raw["kernels"])
+
+    # kernel gaps in graph replay of the models (no PDL, one stream)
+    g = kt[kt["strategy"] == "graphs+boundary"]["gap_ns"].dropna()
+    setd("dependency_gap_ns", _median(g),
+         "median gap between consecutive kernels of one stream under graph replay of the calibration models "
+         f"(n={len(g)})")
+
+    # launch latencies relative to the simulator's host time line (call start + call cost)
+    launch_ns, n_launch = _host(api, "eager", LAUNCH_APIS)
+    seth("launch_ns", launch_ns, "median period (call start to next call start) of cuLaunchKernelEx in eager "
+         "executor runs of the calibration models", n_launch)
+    v, n = _host(api, "eager+pdl", LAUNCH_APIS)
+    seth("launch_pdl_ns", v, "median period of cuLaunchKernelEx in eager + PDL executor runs", n)
+    graph_ns, n = _host(api, "graphs+boundary", ("cudaGraphLaunch",))
+    seth("graph_launch_ns", graph_ns, "median period of cudaGraphLaunch in graph-replay executor runs", n)
+    setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_start_ns"] - launch_ns),
+         f"probe: an empty kernel starts {pt['eager_start_after_call_start_ns']:.0f} ns after its launch call "
+         "starts on an idle GPU, minus the launch call's cost (host_profiles.python.launch_ns)")
+    setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_start_ns"] - graph_ns),
+         f"probe: a graph's first kernel starts {pt['graph_start_after_call_start_ns']:.0f} ns after cudaGraphLaunch "
+         "starts on an idle GPU, minus the call's cost (host_profiles.python.graph_launch_ns)")
+    v, n = _host(api, "graphs+boundary", ("cudaMemcpyAsync",))
+    seth("memcpy_async_ns", v, "median period of cudaMemcpyAsync (pinned staging) in boundary-sync executor runs", n)
+    per_copy = api[(api["strategy"] == "eager") & (api["name"] == "cudaMemcpy")]
+    seth("memcpy_blocking_ns", _median(per_copy["issue_ns"]),
+         "median time from a blocking cudaMemcpy's start (pageable staging, per-copy executor runs) to its copy "
+         "starting on the device; the wait for the copy and the wake-up are simulated apart", len(per_copy))
+    sy = api[(api["kind"] == "sync") & api["wait_ns"].isna() & (api["next_token"] == api["token"])]
+    seth("stream_sync_ns", _median(sy["period_ns"]),
+         "median period of cudaStreamSynchronize on an idle stream (per-copy and boundary runs)", len(sy))
+    waited = api[(api["kind"] == "sync") & api["wait_ns"].notna()]
+    within = waited[waited["next_token"] == waited["token"]]
+    seth("sync_wakeup_ns", _median(within["resume_ns"]) if len(within) else _median(waited["wait_ns"]),
+         "median time from the end of the awaited device work to the host's next call, over syncs that waited "
+         "inside a token", len(within) if len(within) else len(waited))
+    # the host work between tokens (inputs, staging, logits) that no API call covers
+    last = waited[waited["next_token"] == waited["token"] + 1]
+    if "token_overhead_ns" in hp or len(last):
+        tok = _median(last["resume_ns"]) - (hp["sync_wakeup_ns"] if len(within) else 0.0)
+        seth("token_overhead_ns", tok, "median time from the end of a token's last device work to the next token's "
+             "first call, minus sync_wakeup_ns: the executor's per-token Python (input values, staging, logits copy)",
+             len(last))
+    v, n = _host(api, "eager+qkv+boundary", ("cudaEventRecord",))
+    seth("event_record_ns", v, "median period of cudaEventRecord in eager qkv executor runs", n)
+    v, n = _host(api, "eager+qkv+boundary", ("cudaStreamWaitEvent",))
+    seth("stream_wait_event_ns", v, "median period of cudaStreamWaitEvent in eager qkv executor runs", n)
+    caps = [r["capture_call_ns"] for r in raw["runs"] if r["capture_call_ns"] == r["capture_call_ns"]]
+    seth("capture_ns", _median(caps), "median duration of cudaStreamBeginCapture / EndCapture calls", len(caps))
+    inst = pd.DataFrame(raw["instantiate"])
+    if len(inst) >= 2 and inst["nodes"].nunique() >= 2:
+        slope, icpt = np.polyfit(inst["nodes"], inst["ns"], 1)
+    else:
+        slope, icpt = (float(inst["ns"].median() / inst["nodes"].median()), 0.0) if len(inst) else (np.nan, np.nan)
+    seth("graph_instantiate_ns", max(0.0, icpt), "intercept of a line through cudaGraphInstantiate durations vs "
+         "graph nodes of the calibration models", len(inst))
+    seth("graph_instantiate_per_node_ns", max(0.0, slope), "slope of the same line", len(inst))
+
+    # PDL: start-to-start in a chain of spin kernels that trigger at start; per-boundary savings
+    setd("pdl_launch_ns", pt["spin_pdl_start_to_start_ns"],
+         "CUPTI: chain of 16 spin kernels (132 blocks, trigger at start) under graph + PDL, median start-to-start")
+    bt = pd.DataFrame(raw["boundaries"])
+    saving = _median(bt["saving_ns"]) if len(bt) else float("nan")
+    prologue = min(float(d["pdl_prologue_ns"]), float(pt["empty_duration_ns"]))
+    # simulator: with PDL a boundary takes release - prologue - setup + the kernel; without, gap + the kernel
+    release = d["dependency_gap_ns"] - saving + prologue + d["pdl_first_read_setup_ns"]
+    setd("pdl_release_ns", max(0.0, release),
+         f"per-boundary saving of graph + PDL over graph replay in the calibration models (median {saving:.0f} ns "
+         f"over {len(bt)} kernel pairs, by family pair in the raw file) = gap - release + prologue")
+    src["device.pdl_prologue_ns"] = (f"kept at {prologue:.0f} ns (shipped value): CUPTI timestamps do not separate "
+                                     "the prologue from the release (only release - prologue is observable, see "
+                                     "pdl_release_ns); " + str(src.get("device.pdl_prologue_ns", "")))
+    d["pdl_prologue_ns"] = prologue
+
+    # per kernel family: fixed + scale x roofline over every calibration kernel
+    base_cal = replace(parse_calibration(out, "fit", "python"), families={})
+    rows = []
+    g_kt = kt[kt["strategy"] == "graphs+boundary"]
+    for (model, layers, context), grp in g_kt.groupby(["spec_model", "spec_layers", "spec_context"], dropna=False):
+        cfg = load_config(model, layers=None if layers != layers else int(layers),
+                          context=None if context != context else int(context))
+        plan = compile_plan(_bg(cfg, cfg.kv_len(0)), CALIBRATION_STRATEGIES["graphs+boundary"])
+        nodes = {la.node.name: la.node for la in plan.launches}
+        for r in grp.itertuples():
+            node = nodes.get(r.node)
+            if node is None:
+                continue
+            c = kernel_cost(node, base_cal)
+            rows.append({"family": node.family, "op": node.op, "duration_ns": r.duration_ns,
+                         "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0})
+    fam = pd.DataFrame(rows)
+    min_fixed = d["pdl_prologue_ns"] + d["pdl_first_read_setup_ns"]
+    families: dict[str, dict[str, float]] = {}
+    fit_report = []
+    for name, grp in fam.groupby("family"):
+        fixed, scale, err = fit_family(grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy(), min_fixed)
+        families[name] = {"fixed_ns": round(fixed, 1), "work_scale": round(scale, 4)}
+        how = (f"least-squares fit (relative error) of fixed + scale x roofline to {len(grp)} kernels of the "
+               f"calibration models under graph replay; median fit error {100 * err:.1f}%")
+        src[f"families.{name}.fixed_ns"] = f"{where}: {how}"
+        src[f"families.{name}.work_scale"] = f"{where}: {how}"
+        fit_report.append({"family": name, "kernels": len(grp), "fixed_ns": fixed, "work_scale": scale,
+                           "median_rel_err": err})
+    out["families"] = families
+    setd("kernel_fixed_ns", max(min_fixed, pt["empty_duration_ns"]),
+         "CUPTI duration of an empty 1-block kernel under graph replay (median of 64 x 5); used for kernel "
+         "families the calibration did not measure")
+    for k in [k for k in src if k.startswith("host_profiles.llama.cpp") and "python value" in str(src[k])]:
+        src[k] = str(src[k]).replace("python value", "datasheet-era python value")
+    out["measured"] = {"environment": env, "models": raw.get("models", []), "family_fits": fit_report}
+    return out
+
+
+# ------------------------------------------------------------------------------------------
+# CLI
+# ------------------------------------------------------------------------------------------
+def configure(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--out", help="calibration file to write (default data/calibration/<gpu>.json of this GPU)")
+    p.add_argument("--raw", help="also write the raw measurements (JSON) here")
+    p.add_argument("--from-raw", metavar="RAW", help="fit a calibration from raw measurements; no GPU needed")
+    p.add_argument("--base", help="calibration to start from (default: the shipped one of the same GPU)")
+    p.add_argument("--tokens", type=int, default=12, help="decode steps per traced executor run (default 12)")
+    default = ",".join(f"{s.model}:{s.layers}:{s.context}" for s in CALIBRATION_MODELS)
+    p.add_argument("--models", help=f"comma-separated preset[:layers[:context]] to measure (default {default})")
+
+
+def parse_models(text: str | None) -> list[ModelSpec]:
+    if not text:
+        return list(CALIBRATION_MODELS)
+    out = []
+    for part in text.split(","):
+        bits = part.strip().split(":")
+        out.append(ModelSpec(bits[0], int(bits[1]) if len(bits) > 1 and bits[1] else None,
+                             int(bits[2]) if len(bits) > 2 and bits[2] else None))
+    return out
+
+
+def main(args: argparse.Namespace) -> int:
+    if args.from_raw:
+        raw = json.loads(Path(args.from_raw).read_text())
+    else:
+        from .kernels import require_cupy
+
+        require_cupy()
+        raw = measure(parse_models(args.models), tokens=args.tokens, log=lambda s: print(s, file=sys.stderr))
+        if args.raw:
+            Path(args.raw).write_text(json.dumps(raw))
+    gpu = raw.get("gpu", "gpu")
+    base_path = Path(args.base) if args.base else CALIBRATION_DIR / f"{gpu}.json"
+    if not base_path.exists():
+        base_path = CALIBRATION_DIR / "h100.json"
+    cal = fit(raw, json.loads(base_path.read_text()))
+    parse_calibration(cal, "fitted calibration")  # the simulator must be able to read it
+    out = Path(args.out) if args.out else CALIBRATION_DIR / f"{gpu}.json"
+    out.write_text(json.dumps(cal, indent=2) + "\n")
+    print(f"wrote {out} ({cal['name']}); {len(cal.get('families', {}))} kernel families fitted", file=sys.stderr)
+    for f in cal["measured"]["family_fits"]:
+        print(f"  {f['family']:12s} {f['kernels']:4d} kernels  fixed {f['fixed_ns']:7.0f} ns  "
+              f"scale {f['work_scale']:.3f}  median error {100 * f['median_rel_err']:.1f}%", file=sys.stderr)
+    return 0
