@@ -157,7 +157,8 @@ def launch_overhead(trace: Trace, summary: bool = True) -> pd.DataFrame:
     kernels = work[(work["kind"] == "kernel") & (work["corr_id"] >= 0)].sort_values("start_ns", kind="stable")
     first = kernels.drop_duplicates("corr_id")
     calls = _first_call(host)
-    j = first.join(calls[["name", "start_ns", "end_ns"]], on="corr_id", rsuffix="_call", how="inner")
+    c = calls[["name", "start_ns", "end_ns"]].add_suffix("_call")
+    j = first.merge(c, left_on="corr_id", right_index=True, how="inner")
     per = pd.DataFrame({"corr_id": j["corr_id"], "token": j["token"], "api": j["name_call"], "kernel": j["name"],
                         "call_us": (j["end_ns_call"] - j["start_ns_call"]) / 1e3,
                         "delay_us": (j["start_ns"] - j["start_ns_call"]) / 1e3}).reset_index(drop=True)
