@@ -1,0 +1,242 @@
+// MUL_MAT and MUL_MAT_ID for a decode step: mat-vec of f16 / bf16 / f32 weights with an f32
+// activation, fp32 accumulation. This is the hot path (a decode step is mostly these kernels
+// streaming weights), so the vector kernels use 16-byte non-caching loads of the weights, coalesced
+// across the warp, and keep 2 x MMV_UNROLL loads per lane in flight (software pipelined): with 8
+// warps per block and several blocks per SM that is >= 64 KB in flight per SM, above the ~25 KB a
+// Hopper SM needs to cover memory latency at full bandwidth.
+//
+// Work split: a block of MMV_WARPS warps covers MMV_WARPS / splits rows; the `splits` warps of a
+// row interleave over K and are reduced through shared memory in a fixed order (deterministic
+// results, so graph replays are bit-identical). The host picks splits so that small-N
+// projections (K/V) still put enough warps on the GPU.
+//
+// PDL: weights never change during a step, so the first loads of the weight row are issued
+// before PDL_WAIT(first_read); the activation is read after it.
+#include "common.cuh"
+
+#define MMV_WARPS 8
+#define MMV_UNROLL 4
+
+struct __align__(16) u32x4 { u32 x, y, z, w; };
+struct __align__(16) f32x4 { float x, y, z, w; };
+
+__device__ __forceinline__ u32x4 ld_stream(const char* p) {
+    u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float lo_f16(u32 u) { return h2f((u16)(u & 0xffffu)); }
+__device__ __forceinline__ float hi_f16(u32 u) { return h2f((u16)(u >> 16)); }
+__device__ __forceinline__ float lo_bf16(u32 u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float hi_bf16(u32 u) { return __uint_as_float(u & 0xffff0000u); }
+
+// Dot of one 16-byte weight vector with the matching activations (16-byte aligned).
+template <int WDT>
+__device__ __forceinline__ float dot16(const u32x4& w, const float* x, float acc) {
+    if (WDT == DT_F32) {
+        const f32x4 a = *(const f32x4*)x;
+        acc = fmaf(__uint_as_float(w.x), a.x, acc);
+        acc = fmaf(__uint_as_float(w.y), a.y, acc);
+        acc = fmaf(__uint_as_float(w.z), a.z, acc);
+        acc = fmaf(__uint_as_float(w.w), a.w, acc);
+        return acc;
+    }
+    const f32x4 a = *(const f32x4*)x;
+    const f32x4 b = *(const f32x4*)(x + 4);
+    if (WDT == DT_F16) {
+        acc = fmaf(lo_f16(w.x), a.x, acc); acc = fmaf(hi_f16(w.x), a.y, acc);
+        acc = fmaf(lo_f16(w.y), a.z, acc); acc = fmaf(hi_f16(w.y), a.w, acc);
+        acc = fmaf(lo_f16(w.z), b.x, acc); acc = fmaf(hi_f16(w.z), b.y, acc);
+        acc = fmaf(lo_f16(w.w), b.z, acc); acc = fmaf(hi_f16(w.w), b.w, acc);
+    } else {
+        acc = fmaf(lo_bf16(w.x), a.x, acc); acc = fmaf(hi_bf16(w.x), a.y, acc);
+        acc = fmaf(lo_bf16(w.y), a.z, acc); acc = fmaf(hi_bf16(w.y), a.w, acc);
+        acc = fmaf(lo_bf16(w.z), b.x, acc); acc = fmaf(hi_bf16(w.z), b.y, acc);
+        acc = fmaf(lo_bf16(w.w), b.z, acc); acc = fmaf(hi_bf16(w.w), b.w, acc);
+    }
+    return acc;
+}
+
+// The pipelined loop over one weight row: `cur` holds the first MMV_UNROLL vectors (already
+// issued); each iteration issues the next MMV_UNROLL before consuming the current ones.
+template <int WDT>
+__device__ __forceinline__ float row_dot(const char* wr, const float* xr, int nvec, int v, int step,
+                                         u32x4 (&cur)[MMV_UNROLL]) {
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    float acc = 0.0f;
+    for (; v < nvec; v += MMV_UNROLL * step) {
+        u32x4 nxt[MMV_UNROLL] = {};
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            const int idx = v + (MMV_UNROLL + u) * step;
+            if (idx < nvec) nxt[u] = ld_stream(wr + (i64)idx * 16);
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            const int idx = v + u * step;
+            if (idx < nvec) acc = dot16<WDT>(cur[u], xr + (i64)idx * VEC, acc);
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) cur[u] = nxt[u];
+    }
+    return acc;
+}
+
+__device__ __forceinline__ void prefetch(const char* wr, int nvec, int v, int step, bool valid,
+                                         u32x4 (&cur)[MMV_UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) {
+        const int idx = v + u * step;
+        if (valid && idx < nvec) cur[u] = ld_stream(wr + (i64)idx * 16);
+    }
+}
+
+// Reduce the row's partial sums (lanes, then the `splits` warps of the row) and store.
+__device__ __forceinline__ void finish(float acc, int splits, TV& d, i64 out_index, bool valid) {
+    __shared__ float partial[MMV_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % splits;
+    acc = warp_sum(acc);
+    if (splits > 1) {
+        if (lane == 0) partial[warp] = acc;
+        __syncthreads();
+        if (lane == 0 && part == 0)
+            for (int p = 1; p < splits; ++p) acc += partial[warp + p];
+    }
+    if (valid && lane == 0 && part == 0) stf(d.p + tv_off(d, d.n, (int)out_index), d.dt, acc);
+}
+
+// d = x @ w.T: w rows on TV axes 0..2 (N = their product: an N-d weight view such as rows picked
+// out of a fused tensor flattens to [N, K] in C order), K on axis 3 with inner stride = itemsize;
+// x rows on axes 0..2 (f32, contiguous rows of K); d unravelled flat as [M, N].
+// grid = (ceil(N / (MMV_WARPS / splits)), M).
+template <int WDT>
+__device__ __forceinline__ void mmv(TV d, TV w, TV x, int splits) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * (MMV_WARPS / splits) + warp / splits;
+    const int m = blockIdx.y, N = tv_rows(w), K = w.n[3], nvec = K / VEC, step = 32 * splits;
+    const int v = (warp % splits) * 32 + lane;
+    const bool valid = row < N;
+    const char* wr = w.p + tv_row_off(w, w.n, valid ? row : 0);
+    u32x4 cur[MMV_UNROLL] = {};
+    prefetch(wr, nvec, v, step, valid, cur);  // weights: independent of earlier kernels
+    PDL_WAIT(first_read);
+    const float* xr = (const float*)(x.p + tv_row_off(x, x.n, m));
+    const float x0 = ldf_v((const char*)xr, DT_F32);
+    PDL_WAIT(late);
+    float acc = valid ? row_dot<WDT>(wr, xr, nvec, v, step, cur) : 0.0f;
+    acc += 0.0f * x0;
+    PDL_TRIGGER(after_main_loop);
+    finish(acc, splits, d, (i64)m * N + row, valid);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_f16(TV d, TV w, TV x, int splits) {
+    mmv<DT_F16>(d, w, x, splits);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_bf16(TV d, TV w, TV x, int splits) {
+    mmv<DT_BF16>(d, w, x, splits);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_f32(TV d, TV w, TV x, int splits) {
+    mmv<DT_F32>(d, w, x, splits);
+}
+
+// MUL_MAT_ID: d[i] = w[ids[i]] @ x[i or 0]: w [E, N, K] on TV axes 1..3, ids on axis 3, d flat
+// [n_ids, N]. grid = (ceil(N / rows per block), n_ids). The expert is known only after reading
+// ids (written by the router's top-k), so no weight prefetch before the wait.
+template <int WDT>
+__device__ __forceinline__ void mmv_id(TV d, TV w, TV x, TV ids, int splits) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = blockIdx.x * (MMV_WARPS / splits) + warp / splits;
+    const int slot = blockIdx.y, N = w.n[2], K = w.n[3], nvec = K / VEC, step = 32 * splits;
+    const int v = (warp % splits) * 32 + lane;
+    const bool valid = row < N;
+    const int xrows = tv_rows(x);
+    PDL_WAIT(first_read);
+    const i64 e = ldi_v(ids.p + tv_off(ids, ids.n, slot), ids.dt);
+    PDL_WAIT(late);
+    const char* wr = w.p + e * w.s[1] + (i64)(valid ? row : 0) * w.s[2];
+    const float* xr = (const float*)(x.p + tv_row_off(x, x.n, xrows > 1 ? slot : 0));
+    u32x4 cur[MMV_UNROLL] = {};
+    prefetch(wr, nvec, v, step, valid, cur);
+    float acc = valid ? row_dot<WDT>(wr, xr, nvec, v, step, cur) : 0.0f;
+    PDL_TRIGGER(after_main_loop);
+    finish(acc, splits, d, (i64)slot * N + row, valid);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f16(TV d, TV w, TV x, TV ids, int splits) {
+    mmv_id<DT_F16>(d, w, x, ids, splits);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_bf16(TV d, TV w, TV x, TV ids, int splits) {
+    mmv_id<DT_BF16>(d, w, x, ids, splits);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f32(TV d, TV w, TV x, TV ids, int splits) {
+    mmv_id<DT_F32>(d, w, x, ids, splits);
+}
+
+// Fallback for any layout the vector kernels cannot take (unaligned rows, K not a multiple of
+// the vector width): one warp per output element, scalar strided loads. Without ids, w rows
+// span TV axes 0..2 as in the vector kernel; with ids, w is [E, N, K] on axes 1..3.
+extern "C" __global__ void k_mul_mat_generic(TV d, TV w, TV x, TV ids, int has_ids) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int N = has_ids ? w.n[2] : tv_rows(w), K = w.n[3];
+    const int o = blockIdx.x * (blockDim.x >> 5) + warp;
+    const int M = has_ids ? tv_numel(ids) : tv_rows(x);
+    const bool valid = o < M * N;
+    const int m = valid ? o / N : 0, n = valid ? o % N : 0;
+    const int xrows = tv_rows(x);
+    PDL_WAIT(first_read);
+    i64 e = 0;
+    if (has_ids) e = ldi_v(ids.p + tv_off(ids, ids.n, m), ids.dt);
+    const char* xr = x.p + tv_row_off(x, x.n, has_ids ? (xrows > 1 ? m : 0) : m);
+    const float x0 = ldf_v(xr, x.dt);
+    PDL_WAIT(late);
+    const char* wr = w.p + (has_ids ? e * w.s[1] + (i64)n * w.s[2] : tv_row_off(w, w.n, n));
+    float acc = 0.0f;
+    if (valid)
+        for (int k = lane; k < K; k += 32)
+            acc += ldf(wr + (i64)k * w.s[3], w.dt) * (k == 0 ? x0 : ldf(xr + (i64)k * x.s[3], x.dt));
+    acc = warp_sum(acc);
+    PDL_TRIGGER(after_main_loop);
+    if (valid && lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, acc);
+    PDL_TRIGGER(end);
+}
+
+// Fallback for weights stored input-major (gpt-oss experts: the K axis is the strided one and
+// consecutive outputs are adjacent in memory): one thread per output element, looping over K,
+// so a warp's loads of one k are coalesced across its outputs. Same argument layout as
+// k_mul_mat_generic.
+extern "C" __global__ void k_mul_mat_cols(TV d, TV w, TV x, TV ids, int has_ids) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    const int N = has_ids ? w.n[2] : tv_rows(w), K = w.n[3];
+    const int o = blockIdx.x * blockDim.x + threadIdx.x;
+    const int M = has_ids ? tv_numel(ids) : tv_rows(x);
+    const bool valid = o < M * N;
+    const int m = valid ? o / N : 0, n = valid ? o % N : 0;
+    const int xrows = tv_rows(x);
+    PDL_WAIT(first_read);
+    i64 e = 0;
+    if (has_ids) e = ldi_v(ids.p + tv_off(ids, ids.n, m), ids.dt);
+    const char* xr = x.p + tv_row_off(x, x.n, has_ids ? (xrows > 1 ? m : 0) : m);
+    const float x0 = ldf_v(xr, x.dt);
+    PDL_WAIT(late);
+    const char* wr = w.p + (has_ids ? e * w.s[1] + (i64)n * w.s[2] : tv_row_off(w, w.n, n));
+    float acc = 0.0f;
+    if (valid)
+        for (int k = 0; k < K; ++k)
+            acc = fmaf(ldf(wr + (i64)k * w.s[3], w.dt), k == 0 ? x0 : ldf(xr + (i64)k * x.s[3], x.dt), acc);
+    PDL_TRIGGER(after_main_loop);
+    if (valid) stf(d.p + tv_off(d, d.n, o), d.dt, acc);
+    PDL_TRIGGER(end);
+}

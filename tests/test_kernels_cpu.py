@@ -1,0 +1,238 @@
+"""The GPU kernels' CPU-checkable parts: every op of every family binds to a kernel, the Numba
+kernels match the NumPy reference ops under Numba's CUDA simulator, the split-context attention
+algorithm matches the reference, and the CUDA sources put their PDL hooks where the placement
+says (PTX from ``nvcc``, when it is installed)."""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from workbench.exec import cuda_ops
+from workbench.exec.kernels import KERNEL_DIR, SOURCES, CudaBackendError, require_cupy
+from workbench.exec.memory import Memory
+from workbench.exec.reference import load_static
+from workbench.exec.reference_ops import NUMPY_OPS, attend
+from workbench.models import build_graph, preset
+from workbench.models.blocks import step_input_values
+from workbench.models.weights import random_weights
+from workbench.strategy import Strategy
+from workbench.strategy.compile import compile_plan
+
+TINY = ("llama-tiny", "qwen3-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "qwen3-next-tiny")
+ALL_ON = Strategy(fusion=frozenset({"copy-elim", "rms-norm-mul"}), allocator="stream-aware", streams="qkv")
+
+
+class HostSpace:
+    """Every buffer of a plan's graph at an offset of one host byte array: ``addr`` gives the
+    'device address' a kernel argument would carry, ``mem`` the reference Memory over the same bytes."""
+
+    def __init__(self, graph) -> None:
+        bufs = list(graph.buffers().values())
+        self.base, top = {}, 256
+        for b in bufs:
+            self.base[b.name] = top
+            top += -(-b.nbytes // 256) * 256
+        self.space = np.zeros(top, np.uint8)
+        self.mem = Memory()
+        for b in bufs:
+            self.mem.arrays[b.name] = self.space[self.base[b.name]: self.base[b.name] + b.nbytes]
+
+    def addr(self, v) -> int:
+        return self.base[v.buffer.name] + v.offset
+
+    def array(self, a):
+        from workbench.graph import DTYPES
+
+        return np.ndarray(a.shape, DTYPES[a.dtype][1], buffer=self.space, offset=a.ptr, strides=a.strides)
+
+
+def _plan(name: str, strategy: Strategy, n_kv: int = 256):
+    cfg = preset(name)
+    return cfg, compile_plan(build_graph(cfg, n_kv), strategy)
+
+
+@pytest.mark.parametrize("name", TINY)
+@pytest.mark.parametrize("strategy", [Strategy(), ALL_ON], ids=["default", "all-fusions"])
+def test_every_node_binds(name, strategy):
+    cfg, plan = _plan(name, strategy)
+    space = HostSpace(plan.graph)
+    kernels = set()
+    for la in plan.launches:
+        call = cuda_ops.bind(la.node, space.addr, lambda key, n: 0)
+        assert call.source in SOURCES, call
+        assert all(g >= 1 for g in call.grid) and 32 <= call.block[0] <= 1024
+        kernels.add(call.name)
+    src = {s: (KERNEL_DIR / f"{s}.cu").read_text() for s in SOURCES}
+    for k in kernels:
+        assert any(re.search(rf"\b{k}\(", text) for text in src.values()), f"{k} is not defined in kernels/"
+
+
+def test_full_size_matvec_takes_the_vector_kernel():
+    """llama-3.2-1b's projections are the hot path: 16-byte aligned rows, the vector kernel."""
+    cfg = preset("llama-3.2-1b", layers=1)
+    plan = compile_plan(build_graph(cfg, 512), Strategy())
+    space_addr = {}
+    top = 0
+    for b in plan.graph.buffers().values():
+        space_addr[b.name] = top
+        top += -(-b.nbytes // 256) * 256
+    names = {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset,
+                                         lambda k, n: 0).name
+             for la in plan.launches if la.node.op == "MUL_MAT"}
+    assert set(names.values()) == {"k_mul_mat_vec_f16"}, names
+
+
+def test_attention_split_algorithm_matches_reference():
+    """NumPy twin of k_flash_attn_ext: per-chunk online softmax partials merged with the sink."""
+    rng = np.random.default_rng(0)
+    H, Hkv, D, n_kv, pos = 4, 2, 16, 96, 70
+    q = rng.standard_normal((H, D)).astype(np.float32)
+    k = rng.standard_normal((n_kv, Hkv, D)).astype(np.float32)
+    v = rng.standard_normal((n_kv, Hkv, D)).astype(np.float32)
+    mask = np.where(np.arange(n_kv) <= pos, 0.0, -np.inf).astype(np.float32)
+    sinks = rng.standard_normal(H).astype(np.float32)
+    for sk in (None, sinks):
+        S = cuda_ops.attn_splits(H, n_kv)
+        assert S > 1
+        chunk = -(-n_kv // S)
+        out = np.zeros((H, D), np.float32)
+        for h in range(H):
+            g = h // (H // Hkv)
+            parts = []
+            for s in range(S):
+                m, l, acc = -np.inf, 0.0, np.zeros(D, np.float32)
+                for t in range(s * chunk, min(n_kv, (s + 1) * chunk)):
+                    if mask[t] == -np.inf:
+                        continue
+                    sc = float(q[h] @ k[t, g]) * D ** -0.5 + mask[t]
+                    mn = max(m, sc)
+                    corr, e = np.exp(m - mn), np.exp(sc - mn)
+                    l, acc, m = l * corr + e, acc * corr + e * v[t, g], mn
+                parts.append((m, l, acc))
+            M = max([p[0] for p in parts] + ([sk[h]] if sk is not None else []))
+            L = (np.exp(sk[h] - M) if sk is not None else 0.0) + sum(p[1] * np.exp(p[0] - M) for p in parts
+                                                                      if p[0] != -np.inf)
+            out[h] = sum(p[2] * np.exp(p[0] - M) for p in parts if p[0] != -np.inf) / L
+        ref = attend(q, k, v, mask, D ** -0.5, sk)
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def test_cuda_backend_without_cupy_says_use_sim():
+    try:
+        import cupy  # noqa: F401
+    except ImportError:
+        with pytest.raises(CudaBackendError, match="--backend sim"):
+            require_cupy()
+    else:
+        pytest.skip("CuPy is installed here")
+
+
+# -------------------------------------------------------------------------------------------
+# Numba kernels under the CUDA simulator
+# -------------------------------------------------------------------------------------------
+def _numba_sim():
+    """The Numba kernels module, run on Numba's CUDA simulator (skip if Numba's CUDA target was
+    already imported for a real GPU in this process)."""
+    if "numba.cuda" not in sys.modules:
+        os.environ["NUMBA_ENABLE_CUDASIM"] = "1"
+        import numba
+
+        numba.config.reload_config()
+    from numba import cuda
+
+    if not getattr(cuda, "simulator_enabled", False) and not os.environ.get("NUMBA_ENABLE_CUDASIM"):
+        pytest.skip("numba.cuda is already bound to a real GPU in this process")
+    from workbench.exec.kernels import numba_module
+
+    return numba_module(), cuda
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "qwen3-tiny", "gpt-oss-tiny", "qwen3-next-tiny"])
+def test_numba_kernels_match_reference_ops(name):
+    """Step one token through a plan's graph with the reference ops; every node with a Numba
+    kernel is also run by it (same views, same bytes) and must match the NumPy op."""
+    nk, cuda = _numba_sim()
+    cfg = preset(name, context=256, layers=1)
+    graph = build_graph(cfg, 256)
+    plan = compile_plan(graph, Strategy(fusion=frozenset({"rms-norm-mul", "copy-elim"})))
+    g = plan.graph
+    space = HostSpace(g)
+    load_static(g, space.mem, random_weights(graph, 0))
+    for k, v in step_input_values(g, 7, 3).items():
+        space.mem.write(g.inputs[k], v)
+    checked = set()
+    for la in plan.launches:
+        node = la.node
+        call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
+        before = space.space.copy()
+        NUMPY_OPS[node.op](node, space.mem)
+        if call.numba is None:
+            continue
+        want = [space.mem.read(o) for o in node.outs]
+        after = space.space.copy()
+        space.space[:] = before
+        kname, grid, block = call.numba
+        dev = [cuda.to_device(np.ascontiguousarray(space.array(a))) if isinstance(a, cuda_ops.Arg) else a.value
+               for a in call.args]
+        nk.KERNELS[kname][grid, block](*dev)
+        out = space.array(call.args[0])
+        out[...] = dev[0].copy_to_host()
+        got = space.mem.read(node.outs[0])
+        np.testing.assert_allclose(got, want[0], rtol=2e-5, atol=2e-5, err_msg=f"{node.name} ({kname})")
+        space.space[:] = after
+        checked.add(kname)
+    assert checked >= {"rms_norm_mul", "add"}, checked
+
+
+# -------------------------------------------------------------------------------------------
+# PDL hooks in the CUDA sources
+# -------------------------------------------------------------------------------------------
+def _ptx(source: str, wait: str, trigger: str, tmp_path: Path) -> str:
+    if shutil.which("nvcc") is None:
+        pytest.skip("nvcc is not installed")
+    from workbench.exec.kernels import PLACEMENTS, kernel_source
+
+    src = tmp_path / f"{source}.cu"
+    src.write_text(kernel_source(source))
+    out = tmp_path / f"{source}.ptx"
+    subprocess.run(["nvcc", "-arch=sm_90", "--ptx", "-o", str(out), str(src), f"-DPDL_WAIT_AT={PLACEMENTS[wait]}",
+                    f"-DPDL_TRIGGER_AT={PLACEMENTS[trigger]}"], check=True, capture_output=True)
+    return out.read_text()
+
+
+def _entries(ptx: str) -> dict[str, str]:
+    parts = re.split(r"\.visible \.entry (\w+)\(", ptx)
+    return dict(zip(parts[1::2], parts[2::2]))
+
+
+@pytest.mark.parametrize("source", SOURCES)
+def test_late_placement_reads_before_waiting(source, tmp_path):
+    """Under ``late`` every kernel issues a (volatile) global load before griddepcontrol.wait,
+    and triggers once; without PDL no griddepcontrol instruction is emitted at all."""
+    for name, body in _entries(_ptx(source, "late", "after-main-loop", tmp_path)).items():
+        assert body.count("griddepcontrol.wait") == 1, name
+        assert body.count("griddepcontrol.launch_dependents") == 1, name
+        before = body.split("griddepcontrol.wait")[0]
+        assert re.search(r"ld\.volatile\.global|ld\.global", before), f"{name}: no read before the wait"
+    plain = _ptx(source, "none", "none", tmp_path)
+    assert "griddepcontrol" not in plain
+
+
+def test_first_read_placement_prefetches_weights_only(tmp_path):
+    """Under ``first-read`` the mat-vec issues its first 16-byte weight loads before the wait and
+    reads the activation after it; kernels without independent data wait before any load."""
+    entries = _entries(_ptx("mul_mat", "first-read", "start", tmp_path))
+    for dt in ("f16", "bf16", "f32"):
+        before, after = entries[f"k_mul_mat_vec_{dt}"].split("griddepcontrol.wait")
+        assert "ld.global.nc.L1::no_allocate.v4.u32" in before
+        assert "ld.volatile" not in before and "ld.volatile.global.f32" in after
+        before_id = entries[f"k_mul_mat_id_{dt}"].split("griddepcontrol.wait")[0]
+        assert "ld.global" not in before_id  # the expert is only known after reading ids

@@ -1,0 +1,493 @@
+"""The ``cuda`` backend: a Plan executed on a real GPU with the kernels of ``kernels/``.
+
+Everything a knob changes comes from the Plan (``workbench.strategy.compile``), executed as
+written:
+
+* **memory**: one allocation for the persistent buffers (weights, constants, caches, inputs,
+  outputs) and one for the Plan's arena, so scratch buffers share bytes exactly as the
+  allocator placed them (an unsafe allocator can really race); every view's offset and
+  strides go to the kernels unchanged (copy elimination is just the rewritten graph's views);
+* **host program**: the per-token HostOps in order: stream syncs, blocking copies from pageable
+  staging (``per-copy``) or async copies from pinned staging (``boundary``/``implicit``), one
+  launch per kernel with the event records and waits of the fork/join (eager), or one
+  ``cudaGraphLaunch``, then the async D2H of the logits and the final sync;
+* **graphs**: captured once per KV length (CuPy stream capture of the Plan's launches on its
+  streams, events included) and replayed per token; a step whose padded KV length grows past
+  the captured one gets its own Plan and capture;
+* **PDL**: launches through ``cuLaunchKernelEx`` with programmatic stream serialization, each
+  kernel compiled for its launch's (wait, trigger) placement.
+
+``CudaExecutor`` holds the device state (useful to replay a token or snapshot caches);
+``run_cuda`` is the backend entry point returning a ``Run``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..graph import View
+from ..models import ModelConfig, build_graph
+from ..models.blocks import step_input_values
+from ..models.weights import device_weight, random_weights, to_storage
+from ..strategy import HostOp, Plan, Strategy
+from ..strategy.compile import compile_plan
+from ..strategy.host import kernel_launches
+from ..trace import MARKER_ROW, Trace
+from .cuda_ops import KernelCall, bind
+from .kernels import CudaBackendError, LaunchHandle, NumbaLaunch, module_cache, numba_module, require_cupy
+from .run import Run
+
+KERNEL_SETS = ("cupy", "numba")
+#: persistent buffers are placed at this alignment inside their allocation
+ALIGN = 256
+#: share of the free GPU memory a run may plan to use (the rest: CUDA context, CuPy pool, graphs)
+MEMORY_HEADROOM = 0.92
+H2D, D2H = 1, 2
+
+
+@dataclass
+class _Bound:
+    """A Plan made runnable: one prepared launch per Plan launch, the kernel calls (for traces
+    and tests), and the captured CUDA graph once there is one."""
+
+    plan: Plan
+    handles: list[Any]
+    calls: list[KernelCall]
+    graph: Any = None
+    arena_ptr: int = 0
+
+
+@dataclass
+class _Staging:
+    """Host memory of one graph input/output: pinned (async copies) and pageable (blocking)."""
+
+    pinned: np.ndarray
+    pageable: np.ndarray
+    nbytes: int = 0
+
+
+@dataclass
+class StepTimes:
+    """Host wall-clock per token (each token ends with a stream sync, so this is the token's time)."""
+
+    start_ns: list[int] = field(default_factory=list)
+    end_ns: list[int] = field(default_factory=list)
+
+    @property
+    def us(self) -> np.ndarray:
+        return (np.asarray(self.end_ns) - np.asarray(self.start_ns)) / 1e3
+
+
+class CudaExecutor:
+    """Device state of one model under one strategy: memory, streams, events, compiled kernels
+    and bound Plans (one per KV length)."""
+
+    def __init__(self, cfg: ModelConfig, strategy: Strategy, weights: dict[str, np.ndarray] | str | None = None,
+                 seed: int = 0, kernels: str = "cupy", share: CudaExecutor | None = None) -> None:
+        """``weights``: HF-named storage arrays, None for ``random_weights(seed)`` (the reference's),
+        or ``"device"`` for the same distributions drawn on the GPU (large models in seconds);
+        ``share``: an executor of the same model whose device weights this one reuses (its caches
+        are zeroed here: run one executor at a time)."""
+        if kernels not in KERNEL_SETS:
+            raise ValueError(f"--kernels {kernels!r} is not one of {', '.join(KERNEL_SETS)}")
+        cp, _ = require_cupy()
+        self.cp = cp
+        self.cfg, self.strategy, self.kernel_set = cfg, strategy, kernels
+        dev = cp.cuda.Device()
+        self.cc = tuple(int(c) for c in dev.compute_capability)  # "90" -> (9, 0)
+        props = cp.cuda.runtime.getDeviceProperties(dev.id)
+        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+        self.device_name = name
+        self.device = f"{name} (compute capability {self.cc[0]}.{self.cc[1]})"
+        strategy.validate(self.cc)
+        if kernels == "numba":
+            self._numba = _numba_kernels()
+        self.modules = module_cache(self.cc)
+        self._plans: dict[int, _Bound] = {}
+        self._arena = None
+        self._arena_bytes = 0
+        self._workspaces: dict[str, Any] = {}
+        self._streams: list[Any] = []
+        self._events: list[Any] = []
+        self.times = StepTimes()
+        self.captures = 0
+        if share is not None:
+            if share.cfg.name != cfg.name or share.cfg.hf != cfg.hf or share.cfg.context != cfg.context:
+                raise ValueError(f"cannot share device weights of {share.cfg.name} with {cfg.name}")
+            self.full = share.full
+            self._persistent_mem, self.persistent, self.persistent_bytes = \
+                share._persistent_mem, share.persistent, share.persistent_bytes
+            self._offsets, self._staging = share._offsets, share._staging
+            self.reset()
+        else:
+            self.full = build_graph(cfg)  # the whole context: the largest shapes of every buffer
+            self._check_fits(cfg)
+            self._alloc_persistent(weights, seed)
+        cp.cuda.runtime.deviceSynchronize()
+
+    # -- memory --------------------------------------------------------------------------------
+    def _check_fits(self, cfg: ModelConfig) -> None:
+        """A clear error, before allocating, when the model cannot fit in GPU memory (scratch
+        counted as if nothing were reused: an upper bound of any allocator's arena)."""
+        free, total = self.cp.cuda.runtime.memGetInfo()
+        bufs = self.full.buffers().values()
+        persistent = {b.name: _align(b.nbytes) for b in bufs if b.persistent}
+        need = sum(persistent.values()) + sum(_align(b.nbytes) for b in bufs if not b.persistent)
+        if need <= free * MEMORY_HEADROOM:
+            return
+        layer_bytes = sum(n for name, n in persistent.items() if ".layers." in name or name.startswith("cache_"))
+        per_layer = layer_bytes / max(1, cfg.n_layer)
+        fit = int((free * MEMORY_HEADROOM - (need - layer_bytes)) // per_layer) if per_layer else 0
+        hint = (f"run fewer layers, e.g. --layers {min(fit, cfg.n_layer - 1)}" if fit >= 1 else
+                "even one layer does not fit; use a smaller --context or the simulator (--backend sim)")
+        raise CudaBackendError(
+            f"model {cfg.name} ({cfg.n_layer} layers, context {cfg.context}) needs {need / 2**30:.2f} GiB of GPU "
+            f"memory but the {self.device_name} has {free / 2**30:.2f} GiB free of {total / 2**30:.2f} GiB; {hint}")
+
+    def _alloc_persistent(self, weights: dict[str, np.ndarray] | str | None, seed: int) -> None:
+        cp = self.cp
+        bufs = [b for b in self.full.buffers().values() if b.persistent]
+        offsets, top = {}, 0
+        for b in bufs:
+            offsets[b.name] = top
+            top += _align(b.nbytes)
+        self._persistent_mem = cp.zeros(max(top, ALIGN), dtype=cp.uint8)  # caches start at zero
+        base = int(self._persistent_mem.data.ptr)
+        self._offsets = offsets
+        self.persistent = {n: base + off for n, off in offsets.items()}
+        self.persistent_bytes = top
+        g = self.full
+        if isinstance(weights, str):
+            if weights != "device":
+                raise ValueError(f"weights={weights!r}: pass a dict, None or 'device'")
+            from .device_weights import fill_random
+
+            fill_random(cp, g, self.persistent, seed)
+        else:
+            weights = weights if weights is not None else random_weights(g, seed)
+            for name, view in g.weights.items():
+                if name not in weights:
+                    raise KeyError(f"no weight {name!r} supplied")
+                host = np.ascontiguousarray(device_weight(g, name, weights[name]))
+                if host.nbytes != view.nbytes:
+                    raise ValueError(f"weight {name!r}: {host.nbytes} bytes for a {view.shape} {view.dtype} view")
+                self._h2d_blocking(self.persistent[view.buffer.name] + view.offset, host)
+        for name, value in g.meta.get("consts", {}).items():
+            view = g.consts[name]
+            self._h2d_blocking(self.persistent[view.buffer.name] + view.offset,
+                               np.ascontiguousarray(to_storage(np.asarray(value, np.float32), view.dtype)))
+        self._staging = {}
+        for name, view in (*g.inputs.items(), *g.outputs.items()):
+            self._staging[name] = _Staging(_pinned(view.nbytes), np.zeros(view.nbytes, np.uint8), view.nbytes)
+
+    def reset(self) -> None:
+        """Zero the caches (KV rows and recurrent states): a fresh sequence."""
+        self.cp.cuda.runtime.deviceSynchronize()
+        for view in self.full.caches.values():
+            off = self._offsets[view.buffer.name]
+            self._persistent_mem[off: off + view.buffer.nbytes].fill(0)
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def _h2d_blocking(self, dst: int, host: np.ndarray) -> None:
+        self.cp.cuda.runtime.memcpy(dst, host.ctypes.data, host.nbytes, H2D)
+
+    def _arena_for(self, plan: Plan) -> int:
+        need = max(plan.allocation.arena_bytes, ALIGN)
+        if need > self._arena_bytes:  # grow: Plans bound to the old arena are dropped
+            self._arena = self.cp.empty(need, dtype=self.cp.uint8)
+            self._arena_bytes = need
+            self._plans.clear()
+        return int(self._arena.data.ptr)
+
+    def _workspace(self, key: str, nbytes: int) -> int:
+        ws = self._workspaces.get(key)
+        if ws is None or ws.nbytes < nbytes:
+            ws = self._workspaces[key] = self.cp.zeros(nbytes, dtype=self.cp.uint8)
+        return int(ws.data.ptr)
+
+    def _stream(self, i: int) -> Any:
+        """Plan stream ``i``. Stream 0 is a blocking stream: it orders after the legacy default
+        stream, where a blocking ``cudaMemcpy`` from pageable memory may still be finishing its
+        DMA when the call returns (the ``per-copy`` pattern). Side streams are non-blocking."""
+        while len(self._streams) <= i:
+            self._streams.append(self.cp.cuda.Stream(non_blocking=len(self._streams) > 0))
+        return self._streams[i]
+
+    def _event(self, i: int) -> Any:
+        while len(self._events) <= i:
+            self._events.append(self.cp.cuda.Event(disable_timing=True))
+        return self._events[i]
+
+    # -- plans ---------------------------------------------------------------------------------
+    def bound(self, n_kv: int) -> _Bound:
+        """The Plan for steps attending over ``n_kv`` rows, bound to device memory."""
+        b = self._plans.get(n_kv)
+        if b is not None:
+            return b
+        graph = self.full if n_kv == self.full.meta["n_kv"] else build_graph(self.cfg, n_kv)
+        plan = compile_plan(graph, self.strategy, self.cc)
+        arena = self._arena_for(plan)
+        addr = self._addr_fn(plan, arena)
+        calls, handles = [], []
+        for la in plan.launches:
+            call = bind(la.node, addr, lambda key, n: self._workspace(key, n))
+            calls.append(call)
+            handles.append(self._handle(plan, la, call))
+        b = self._plans[n_kv] = _Bound(plan, handles, calls, None, arena)
+        self.cp.cuda.runtime.deviceSynchronize()
+        return b
+
+    def _addr_fn(self, plan: Plan, arena: int):
+        arena_name = plan.allocation.arena
+        persistent = self.persistent
+
+        def addr(v: View) -> int:
+            name = v.buffer.name
+            if name == arena_name:
+                return arena + v.offset
+            base = persistent.get(name)
+            if base is None:
+                raise CudaBackendError(f"buffer {name!r} ({v.buffer.kind}) has no device memory: the Plan's "
+                                       "allocation placed it nowhere")
+            return base + v.offset
+        return addr
+
+    def _handle(self, plan: Plan, la: Any, call: KernelCall) -> Any:
+        stream = self._stream(la.stream).ptr
+        if self.kernel_set == "numba" and call.numba is not None:
+            name, grid, block = call.numba
+            h = NumbaLaunch(name, self._numba[name], grid, block, stream, call.args)
+            if all(v.buffer.kind == "act" for v in call.writes):  # compile + load now, not inside a capture
+                h()
+                self._stream(la.stream).synchronize()
+            return h
+        wait, trigger = (la.wait, la.trigger) if self.strategy.pdl else ("none", "none")
+        fn = self.modules.function(call.source, call.name, wait, trigger)
+        return LaunchHandle(call.name, fn, call.grid, call.block, stream, call.args, pdl=la.pdl)
+
+    def _capture(self, b: _Bound) -> None:
+        """Record the Plan's launches (with their fork/join events) into a CUDA graph."""
+        cp = self.cp
+        s0 = self._stream(0)
+        s0.begin_capture(mode=getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None))
+        try:
+            for op in kernel_launches(b.plan.launches, graphs=False):
+                self._device_op(b, op)
+        finally:
+            graph = s0.end_capture()
+        graph.upload(s0)
+        s0.synchronize()
+        b.graph = graph
+        self.captures += 1
+
+    # -- one token ----------------------------------------------------------------------------
+    def prepare(self, pos: int) -> _Bound:
+        """Bind (and under graphs capture) the Plan of the step at ``pos``, outside any token."""
+        b = self.bound(self.cfg.kv_len(pos))
+        if self.strategy.graphs and b.graph is None:
+            self._capture(b)
+        return b
+
+    def step(self, token: int, pos: int) -> np.ndarray:
+        """One decode step; returns the logits (float32)."""
+        b = self.prepare(pos)
+        t0 = time.perf_counter_ns()
+        values = step_input_values(b.plan.graph, int(token), pos)
+        for name, value in values.items():
+            st = self._staging[name]
+            raw = np.ascontiguousarray(value).view(np.uint8).reshape(-1)
+            st.pinned[: raw.size] = raw
+            st.pageable[: raw.size] = raw
+        for op in b.plan.host_program:
+            self._host_op(b, op)
+        logits = self._logits(b)
+        self.times.start_ns.append(t0)
+        self.times.end_ns.append(time.perf_counter_ns())
+        return logits
+
+    def _host_op(self, b: _Bound, op: HostOp) -> None:
+        k = op.kind
+        if k in ("launch", "event_record", "stream_wait_event"):
+            self._device_op(b, op)
+        elif k == "stream_sync":
+            self._stream(op.stream).synchronize()
+        elif k == "graph_launch":
+            b.graph.launch(self._stream(op.stream))
+        elif k in ("memcpy_h2d", "memcpy_d2h"):
+            graph = b.plan.graph
+            view = graph.inputs[op.tensor] if k == "memcpy_h2d" else graph.outputs[op.tensor]
+            st = self._staging[op.tensor]
+            host = st.pageable if op.host_buffer == "pageable" or op.blocking else st.pinned
+            dev = self.persistent[view.buffer.name] + view.offset
+            n = view.nbytes
+            src, dst, kind = (host.ctypes.data, dev, H2D) if k == "memcpy_h2d" else (dev, host.ctypes.data, D2H)
+            if op.blocking:
+                self.cp.cuda.runtime.memcpy(dst, src, n, kind)
+            else:
+                self.cp.cuda.runtime.memcpyAsync(dst, src, n, kind, self._stream(op.stream).ptr)
+        else:
+            raise CudaBackendError(f"host op {k!r} is not known to the cuda executor")
+
+    def _device_op(self, b: _Bound, op: HostOp) -> None:
+        if op.kind == "launch":
+            b.handles[op.launch]()
+        elif op.kind == "event_record":
+            self._event(op.event).record(self._stream(op.stream))
+        elif op.kind == "stream_wait_event":
+            self._stream(op.stream).wait_event(self._event(op.event))
+        else:
+            raise CudaBackendError(f"{op.kind} cannot be captured")
+
+    def _logits(self, b: _Bound) -> np.ndarray:
+        view = b.plan.graph.outputs["logits"]
+        d2h = [op for op in b.plan.host_program if op.kind == "memcpy_d2h" and op.tensor == "logits"]
+        st = self._staging["logits"]
+        host = st.pageable if d2h and (d2h[0].blocking or d2h[0].host_buffer == "pageable") else st.pinned
+        return host[: view.nbytes].view(np.float32).copy()
+
+    # -- state ---------------------------------------------------------------------------------
+    def snapshot(self) -> dict[str, Any]:
+        """Copies of the caches (KV and recurrent states) on the device."""
+        self.cp.cuda.runtime.deviceSynchronize()
+        out = {}
+        for name, view in self.full.caches.items():
+            a = self.cp.empty(view.buffer.nbytes, self.cp.uint8)
+            self.cp.cuda.runtime.memcpy(a.data.ptr, self.persistent[view.buffer.name], view.buffer.nbytes, 3)
+            out[name] = a
+        return out
+
+    def restore(self, snap: dict[str, Any]) -> None:
+        self.cp.cuda.runtime.deviceSynchronize()
+        for name, a in snap.items():
+            view = self.full.caches[name]
+            self.cp.cuda.runtime.memcpy(self.persistent[view.buffer.name], a.data.ptr, view.buffer.nbytes, 3)
+        self.cp.cuda.runtime.deviceSynchronize()
+
+    def caches(self) -> dict[str, np.ndarray]:
+        """Cache contents as float32 (as ``ReferenceRun.caches``)."""
+        from .memory import Memory
+
+        self.cp.cuda.runtime.deviceSynchronize()
+        mem = Memory()
+        for view in self.full.caches.values():
+            off = self._offsets[view.buffer.name]
+            mem.arrays[view.buffer.name] = self._persistent_mem[off: off + view.buffer.nbytes].get()
+        return {name: mem.read(v) for name, v in self.full.caches.items()}
+
+    def arena_bytes(self) -> np.ndarray:
+        """The arena's bytes (scratch of the last step), for node-by-node comparisons."""
+        self.cp.cuda.runtime.deviceSynchronize()
+        return self._arena.get()
+
+    def persistent_array(self, name: str) -> np.ndarray:
+        """A persistent buffer's bytes (weights, caches, inputs, outputs)."""
+        self.cp.cuda.runtime.deviceSynchronize()
+        off = self._offsets[name]
+        n = next(b.nbytes for b in self.full.buffers().values() if b.name == name)
+        return self._persistent_mem[off: off + n].get()
+
+    def kernel_of(self, launch: Any) -> tuple[str | None, tuple[int, int, int] | None]:
+        """(kernel function name, grid) of a Plan launch, for CUPTI's node matching."""
+        for b in self._plans.values():
+            if b.plan.launches and launch.index < len(b.calls) and b.plan.launches[launch.index] is launch:
+                c = b.calls[launch.index]
+                h = b.handles[launch.index]
+                return (c.numba[0] if isinstance(h, NumbaLaunch) else c.name), None
+        return None, None
+
+
+def _align(n: int) -> int:
+    return -(-n // ALIGN) * ALIGN
+
+
+def _pinned(nbytes: int) -> np.ndarray:
+    import cupyx
+
+    return cupyx.empty_pinned((max(nbytes, 1),), dtype=np.uint8)
+
+
+def _numba_kernels() -> dict[str, Any]:
+    try:
+        from numba import cuda
+    except ImportError:
+        raise CudaBackendError("--kernels numba needs numba with CUDA support (pip install numba-cuda); "
+                               "or use --kernels cupy") from None
+    if not cuda.is_available():
+        raise CudaBackendError("--kernels numba: Numba sees no CUDA GPU; use --kernels cupy")
+    return numba_module().KERNELS
+
+
+def _host_trace(times: StepTimes, **meta: Any) -> Trace:
+    """A coarse trace when no CUPTI capture was asked for: one marker per token (host time)."""
+    rows = [dict(row=MARKER_ROW, kind="marker", name=f"token {i}", start_ns=s, end_ns=e, token=i)
+            for i, (s, e) in enumerate(zip(times.start_ns, times.end_ns))]
+    if not rows:
+        return Trace(pd.DataFrame({"row": [], "kind": [], "name": [], "start_ns": [], "end_ns": []}), meta)
+    return Trace.from_records(rows, **meta)
+
+
+def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] = 8,
+             weights: dict[str, np.ndarray] | None = None, seed: int = 0, kernels: str = "cupy",
+             trace: bool = False, start_pos: int = 0, executor: CudaExecutor | None = None) -> Run:
+    """Decode ``tokens`` (a count of seeded random ids, or the ids) one step at a time on the GPU.
+
+    ``weights``: HF-named storage arrays (default: ``random_weights`` of the model with ``seed``,
+    the same the reference and ``workbench run`` use); ``kernels``: ``cupy`` (CUDA C through
+    NVRTC) or ``numba`` (Numba kernels for the elementwise and normalisation ops); ``trace``:
+    record a CUPTI timeline (``workbench.trace.cupti``; coarse CUDA-event spans without
+    cupti-python). Raises CudaBackendError without a GPU or CuPy (use ``--backend sim``) or when
+    the model does not fit (use ``--layers``), StrategyError for PDL below compute capability 9.0.
+    """
+    ex = executor or CudaExecutor(cfg, strategy, weights, seed, kernels)
+    ids = (list(np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)) if isinstance(tokens, int)
+           else [int(t) for t in tokens])
+    if not ids:
+        raise ValueError("--tokens must be >= 1")
+    capture = None
+    if trace:
+        from ..trace.cupti import copies_from_plan, open_capture, sites_from_plan
+
+        first = ex.prepare(start_pos)
+        capture = open_capture(sites_from_plan(first.plan, ex.kernel_of), copies_from_plan(first.plan),
+                               stream=ex._stream(0), model=cfg.name, strategy=strategy.label(), backend="cuda",
+                               device=ex.device).start()
+    logits = []
+    n0 = len(ex.times.start_ns)
+    for i, tok in enumerate(ids):
+        pos = start_pos + i
+        ex.prepare(pos)
+        if capture is not None:
+            capture.mark_token(i)
+        logits.append(ex.step(tok, pos))
+    times = StepTimes(ex.times.start_ns[n0:], ex.times.end_ns[n0:])
+    tr = capture.stop() if capture is not None else _host_trace(times, source="host", model=cfg.name,
+                                                                  strategy=strategy.label(), backend="cuda")
+    from ..trace.stats import summarize
+
+    last = ex.bound(cfg.kv_len(start_pos + len(ids) - 1))
+    stats = summarize(tr)
+    us = times.us
+    steady = us[1:] if len(us) > 1 else us
+    program = last.plan.host_program
+    stats.update({
+        "tokens": len(ids),
+        "us_per_token": float(np.mean(steady)),
+        "us_per_token_median": float(np.median(steady)),
+        "tokens_per_s": float(1e6 / np.mean(steady)),
+        "kernels_per_token": len(last.plan.launches),
+        "launches_per_token": sum(op.kind in ("launch", "graph_launch") for op in program),
+        "syncs_per_token": sum(op.kind == "stream_sync" for op in program),
+        "memory_bytes": ex.persistent_bytes + ex._arena_bytes,
+        "captures": ex.captures,
+    })
+    return Run("cuda", ex.device, last.plan, np.stack(logits), tr, stats,
+               {"kernels": kernels, "token_us": us.tolist(), "start_pos": start_pos, "executor": ex})
+
+
+__all__ = ["CudaBackendError", "CudaExecutor", "run_cuda"]

@@ -1,0 +1,440 @@
+"""Each graph op as a kernel launch: which kernel of ``kernels/*.cu`` (or of
+``kernels/numba_kernels.py``), its grid and block, and its arguments.
+
+A binding reads only the node's views (through ``addr``, the executor's device address of a
+view) so every offset and stride the Plan's graph carries (arena placement, copy-eliminated
+destinations, strided q/k/v splits, stride-0 broadcasts) reaches the kernel unchanged. Pure
+Python: the CPU tests check the bindings of every family's graph without a GPU.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from math import ceil, prod
+
+import numpy as np
+
+from ..graph import Node, View
+from .kernels import Arg
+
+#: threads per block of the one-thread-per-element kernels
+EW_THREADS = 256
+#: warps per block of the mat-vec kernels (kernels/mul_mat.cu MMV_WARPS)
+MMV_WARPS = 8
+#: warps in flight the mat-vec aims for (about 31 per SM of a 132-SM Hopper GPU)
+MMV_TARGET_WARPS = 4096
+#: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
+FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
+#: row kernels: elements per thread staged in registers (kernels/norm.cu NORM_MAXPER)
+NORM_MAXPER = 8
+#: Numba norm kernels' fixed block (kernels/numba_kernels.py NORM_THREADS)
+NUMBA_NORM_THREADS = 128
+
+Addr = Callable[[View], int]
+Workspace = Callable[[str, int], int]
+
+
+class BindError(ValueError):
+    """A node whose views the kernels cannot take; names the node and the limit."""
+
+
+@dataclass(frozen=True)
+class KernelCall:
+    """One launch: ``source``/``name`` of the CUDA C kernel, grid, block and arguments; and,
+    for ops with a Numba twin, its kernel name with its own grid and block."""
+
+    source: str
+    name: str
+    grid: tuple[int, ...]
+    block: tuple[int, ...]
+    args: tuple
+    numba: tuple[str, tuple[int, ...], tuple[int, ...]] | None = None
+    writes: tuple[View, ...] = field(default=(), compare=False)
+
+
+def i32(v: int) -> ctypes.c_int:
+    return ctypes.c_int(int(v))
+
+
+def f32(v: float) -> ctypes.c_float:
+    return ctypes.c_float(float(v))
+
+
+def ptr(v: int) -> ctypes.c_void_p:
+    return ctypes.c_void_p(int(v))
+
+
+# -------------------------------------------------------------------------------------------
+# geometry
+# -------------------------------------------------------------------------------------------
+def pad4(shape: tuple[int, ...], strides: tuple[int, ...], what: str = "view") -> tuple[tuple, tuple]:
+    """Left-pad to 4 axes; drop size-1 axes (but the last) when there are more than 4."""
+    shape, strides = tuple(int(s) for s in shape), tuple(int(s) for s in strides)
+    if len(shape) > 4:
+        keep = [i for i, n in enumerate(shape) if n != 1 or i == len(shape) - 1]
+        shape, strides = tuple(shape[i] for i in keep), tuple(strides[i] for i in keep)
+    if len(shape) > 4:
+        raise BindError(f"{what}: {len(shape)}-d view {shape}; kernels take at most 4 axes")
+    pad = 4 - len(shape)
+    return (1,) * pad + shape, (0,) * pad + strides
+
+
+def arg(v: View, addr: Addr, shape: tuple[int, ...] | None = None, strides: tuple[int, ...] | None = None) -> Arg:
+    """The view as a kernel argument (optionally with another shape / strides over its bytes)."""
+    s, st = pad4(shape if shape is not None else v.shape, strides if strides is not None else v.strides,
+                 v.describe())
+    return Arg(addr(v), s, st, v.dtype)
+
+
+def broadcast(v: View, shape: tuple[int, ...]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """NumPy broadcasting of ``v`` to ``shape``: stride 0 on broadcast axes."""
+    vs, vt = v.shape, v.strides
+    if len(vs) > len(shape):
+        if prod(vs[: len(vs) - len(shape)]) != 1:
+            raise BindError(f"cannot broadcast {v.describe()} to {shape}")
+        vs, vt = vs[len(vs) - len(shape):], vt[len(vt) - len(shape):]
+    vs = (1,) * (len(shape) - len(vs)) + tuple(vs)
+    vt = (0,) * (len(shape) - len(vt)) + tuple(vt)
+    out = []
+    for n, m, s in zip(shape, vs, vt):
+        if m == n:
+            out.append(s)
+        elif m == 1:
+            out.append(0)
+        else:
+            raise BindError(f"cannot broadcast {v.describe()} to {shape}")
+    return tuple(shape), tuple(out)
+
+
+def like(v: View, shape: tuple[int, ...], what: str) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """``v`` seen with ``shape`` (same elements, row-major): itself, or a contiguous reshape."""
+    if tuple(v.shape) == tuple(shape):
+        return tuple(v.shape), tuple(v.strides)
+    if v.numel == prod(shape) and v.is_contiguous:
+        r = v.reshape(tuple(shape))
+        return r.shape, r.strides
+    if v.numel == prod(shape):  # equal up to leading size-1 axes
+        a = tuple(n for n in v.shape)
+        while a and a[0] == 1 and len(a) > len(shape):
+            a = a[1:]
+        if a == tuple(shape):
+            return tuple(shape), tuple(v.strides[len(v.shape) - len(a):])
+    raise BindError(f"{what}: {v.describe()} cannot be read as shape {shape}")
+
+
+def rows_first(v: View, addr: Addr) -> Arg:
+    """A table or cache with its row axis on TV axis 0 and a row's elements on axes 1..3."""
+    rest, rest_st = v.shape[1:], v.strides[1:]
+    if len(rest) > 3:
+        keep = [i for i, n in enumerate(rest) if n != 1]
+        rest, rest_st = tuple(rest[i] for i in keep), tuple(rest_st[i] for i in keep)
+    if len(rest) > 3:
+        raise BindError(f"{v.describe()}: rows of more than 3 axes")
+    pad = 3 - len(rest)
+    return Arg(addr(v), (int(v.shape[0]), *(1,) * pad, *map(int, rest)),
+               (int(v.strides[0]), *(0,) * pad, *map(int, rest_st)), v.dtype)
+
+
+def _ew_grid(n: int) -> tuple[int, ...]:
+    return (max(1, ceil(n / EW_THREADS)),)
+
+
+def _row_threads(length: int, per_thread: int = NORM_MAXPER, what: str = "row") -> int:
+    need = ceil(length / per_thread)
+    if need > 1024:
+        raise BindError(f"{what}: rows of {length} elements exceed {per_thread * 1024}")
+    return min(1024, max(32, -(-need // 32) * 32))
+
+
+def _all_f32(*views: View) -> bool:
+    return all(v.dtype == "f32" for v in views)
+
+
+# -------------------------------------------------------------------------------------------
+# bindings per op
+# -------------------------------------------------------------------------------------------
+BINARY = {"ADD": "add", "MUL": "mul", "DIV": "div"}
+UNARY = {"SIGMOID": "sigmoid", "SOFTPLUS": "softplus", "SILU": "silu", "CPY": "cpy"}
+NORMS = {"RMS_NORM": "rms_norm", "L2_NORM": "l2_norm"}
+
+
+def bind(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
+    """The kernel launch of ``node``; a BindError names a layout no kernel takes."""
+    fn = _BINDERS.get(node.op)
+    if fn is None:
+        raise BindError(f"{node.name}: no CUDA kernel for op {node.op}")
+    return fn(node, addr, workspace)
+
+
+def _binary(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    a, b = node.srcs
+    d = node.dst
+    shape = tuple(np.broadcast_shapes(a.shape, b.shape))
+    if prod(shape) != d.numel:
+        raise BindError(f"{node.name}: {a.shape} {node.op} {b.shape} has {prod(shape)} elements, dst {d.numel}")
+    sa, ta = broadcast(a, shape)
+    sb, tb = broadcast(b, shape)
+    args: tuple = (arg(d, addr), arg(a, addr, sa, ta), arg(b, addr, sb, tb))
+    if node.op == "GLU":
+        kind = node.params.get("glu", "swiglu")
+        if kind == "swiglu_oai":
+            args += (f32(node.params["alpha"]), f32(node.params["limit"]))
+        elif kind != "swiglu":
+            raise BindError(f"{node.name}: unknown GLU kind {kind!r}")
+        name = kind
+    else:
+        name = BINARY[node.op]
+    numba = (name, _ew_grid(d.numel), (EW_THREADS,)) if _all_f32(a, b, d) else None
+    return KernelCall("elementwise", f"k_{name}", _ew_grid(d.numel), (EW_THREADS,), args, numba, node.outs)
+
+
+def _unary(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    a, d = node.srcs[0], node.dst
+    if a.numel != d.numel:
+        raise BindError(f"{node.name}: {a.numel} elements in, {d.numel} out")
+    args: tuple = (arg(d, addr), arg(a, addr))
+    if node.op == "SCALE":
+        name = "scale"
+        args += (f32(node.params["s"]),)
+    else:
+        name = UNARY[node.op]
+    numba = (name, _ew_grid(d.numel), (EW_THREADS,)) if _all_f32(a, d) and node.op != "CPY" else None
+    return KernelCall("elementwise", f"k_{name}", _ew_grid(d.numel), (EW_THREADS,), args, numba, node.outs)
+
+
+def _norm(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    x, d = node.srcs[0], node.dst
+    L = x.shape[-1]
+    rows = x.numel // L
+    ds, dt = like(d, x.shape, node.name)
+    args: list = [arg(d, addr, ds, dt), arg(x, addr)]
+    views = [x, d]
+    if node.op == "RMS_NORM_MUL":
+        name = "rms_norm_mul"
+        w = node.srcs[1]
+        args.append(arg(w, addr, *broadcast(w, x.shape)))
+        views.append(w)
+    elif node.op == "NORM_GATED":
+        name = "norm_gated"
+        w, z = node.srcs[1], node.srcs[2]
+        args += [arg(w, addr, *broadcast(w, x.shape)), arg(z, addr, *like(z, x.shape, node.name))]
+        views += [w, z]
+    else:
+        name = NORMS[node.op]
+    args.append(f32(node.params["eps"]))
+    numba = (name, (rows,), (NUMBA_NORM_THREADS,)) if _all_f32(*views) else None
+    return KernelCall("norm", f"k_{name}", (rows,), (_row_threads(L, what=node.name),), tuple(args), numba,
+                      node.outs)
+
+
+def _soft_max(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    x, d = node.srcs[0], node.dst
+    L = x.shape[-1]
+    return KernelCall("norm", "k_soft_max", (x.numel // L,), (_row_threads(L, what=node.name),),
+                      (arg(d, addr, *like(d, x.shape, node.name)), arg(x, addr)), None, node.outs)
+
+
+def _sum_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    x, d = node.srcs[0], node.dst
+    L = x.shape[-1]
+    rows = x.numel // L
+    if d.numel != rows:
+        raise BindError(f"{node.name}: {rows} rows summed into {d.numel} elements")
+    return KernelCall("norm", "k_sum_rows", (rows,), (min(256, max(32, -(-L // 32) * 32)),),
+                      (arg(d, addr), arg(x, addr)), None, node.outs)
+
+
+def _top_k(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    x, d = node.srcs[0], node.dst
+    n = x.shape[-1]
+    if x.numel != n or n > 4096:
+        raise BindError(f"{node.name}: top-k over one row of at most 4096 values, got {x.shape}")
+    k = int(node.params["k"])
+    if d.numel != k:
+        raise BindError(f"{node.name}: k={k} but dst has {d.numel} elements")
+    return KernelCall("topk", "k_argsort_top_k", (1,), (256,), (arg(d, addr), arg(x, addr), i32(k)), None, node.outs)
+
+
+def _rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    x, pos, freqs = node.srcs
+    d = node.dst
+    args = (arg(d, addr, *like(d, x.shape, node.name)), arg(x, addr), arg(pos, addr), arg(freqs, addr),
+            i32(node.params["n_rot"]), f32(node.params.get("attn_factor", 1.0)))
+    return KernelCall("rope", "k_rope", _ew_grid(x.numel), (EW_THREADS,), args, None, node.outs)
+
+
+def _get_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    table, ids = node.srcs
+    d = node.dst
+    if d.numel != ids.numel * (table.numel // table.shape[0]):
+        raise BindError(f"{node.name}: {ids.numel} rows of {table.shape} do not fill {d.shape}")
+    return KernelCall("elementwise", "k_get_rows", _ew_grid(d.numel), (EW_THREADS,),
+                      (arg(d, addr), rows_first(table, addr), arg(ids, addr)), None, node.outs)
+
+
+def _set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    rows, idx = node.srcs
+    cache = node.dst
+    return KernelCall("elementwise", "k_set_rows", _ew_grid(rows.numel), (EW_THREADS,),
+                      (rows_first(cache, addr), arg(rows, addr), arg(idx, addr)), None, node.outs)
+
+
+def _add_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    x, bias, ids = node.srcs
+    d = node.dst
+    if len(bias.shape) != 2:
+        raise BindError(f"{node.name}: expert bias must be [experts, out], got {bias.shape}")
+    return KernelCall("elementwise", "k_add_id", _ew_grid(d.numel), (EW_THREADS,),
+                      (arg(d, addr), arg(x, addr), arg(bias, addr), arg(ids, addr), i32(bias.shape[-1])),
+                      None, node.outs)
+
+
+def _vec_width(dtype: str) -> int | None:
+    return {"f16": 8, "bf16": 8, "f32": 4}.get(dtype)
+
+
+def _aligned16(a: Arg, last_contiguous_itemsize: int) -> bool:
+    """16-byte aligned base and rows, unit inner stride."""
+    if a.ptr % 16 or a.strides[3] != last_contiguous_itemsize:
+        return False
+    return all(s % 16 == 0 for n, s in zip(a.shape[:3], a.strides[:3]) if n > 1)
+
+
+def _mmv_splits(rows: int, cols: int, nvec: int) -> int:
+    """Warps per row: enough warps in flight for small N, at least one vector per lane."""
+    s = 1
+    while s < MMV_WARPS and rows * cols * s < MMV_TARGET_WARPS and nvec >= 64 * s:
+        s *= 2
+    return s
+
+
+def _x_rows(x: View, K: int, node: Node) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    if x.shape[-1] == K:
+        return tuple(x.shape), tuple(x.strides)
+    return like(x, (x.numel // K, K), node.name)
+
+
+def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    w, x = node.srcs[0], node.srcs[1]
+    d = node.dst
+    K = w.shape[-1]
+    N = w.numel // K
+    wa = arg(w, addr)
+    xa = arg(x, addr, *_x_rows(x, K, node))
+    M = x.numel // K
+    if d.numel != M * N:
+        raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
+    vec = _vec_width(w.dtype)
+    if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+        splits = _mmv_splits(N, M, K // vec)
+        grid = (ceil(N / (MMV_WARPS // splits)), M)
+        return KernelCall("mul_mat", f"k_mul_mat_vec_{w.dtype}", grid, (32 * MMV_WARPS,),
+                          (arg(d, addr), wa, xa, i32(splits)), None, node.outs)
+    return _mul_mat_fallback(node, addr, d, wa, xa, xa, M * N, has_ids=False)
+
+
+def _mul_mat_fallback(node: Node, addr: Addr, d: View, wa: Arg, xa: Arg, ids: Arg, outputs: int,
+                      has_ids: bool) -> KernelCall:
+    args = (arg(d, addr), wa, xa, ids, i32(int(has_ids)))
+    itemsize = node.srcs[0].itemsize
+    if wa.strides[3] != itemsize:  # K is the strided axis (input-major storage): thread per output
+        return KernelCall("mul_mat", "k_mul_mat_cols", (ceil(outputs / 128),), (128,), args, None, node.outs)
+    return KernelCall("mul_mat", "k_mul_mat_generic", (ceil(outputs / 8),), (256,), args, None, node.outs)
+
+
+def _mul_mat_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    w, x, ids = node.srcs
+    d = node.dst
+    if len(w.shape) != 3:
+        raise BindError(f"{node.name}: expert weights must be [experts, out, in], got {w.shape}")
+    E, N, K = w.shape
+    wa = arg(w, addr)
+    xa = arg(x, addr, *_x_rows(x, K, node))
+    ia = arg(ids, addr)
+    n_ids = ids.numel
+    if d.numel != n_ids * N:
+        raise BindError(f"{node.name}: {n_ids} experts x {N} outputs do not fill {d.shape}")
+    vec = _vec_width(w.dtype)
+    if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+        splits = _mmv_splits(N, n_ids, K // vec)
+        grid = (ceil(N / (MMV_WARPS // splits)), n_ids)
+        return KernelCall("mul_mat", f"k_mul_mat_id_{w.dtype}", grid, (32 * MMV_WARPS,),
+                          (arg(d, addr), wa, xa, ia, i32(splits)), None, node.outs)
+    return _mul_mat_fallback(node, addr, d, wa, xa, ia, n_ids * N, has_ids=True)
+
+
+def attn_splits(n_head: int, n_kv: int) -> int:
+    """Context chunks per head: about FA_TARGET_BLOCKS blocks, chunks of at least 32 keys."""
+    return max(1, min(ceil(FA_TARGET_BLOCKS / n_head), max(1, n_kv // 32)))
+
+
+def attn_workspace_bytes(n_head: int, head_dim: int) -> int:
+    """Partials for the largest split plus one ticket per head (independent of n_kv, so a
+    node's workspace never moves when the context grows)."""
+    return n_head * ceil(FA_TARGET_BLOCKS / n_head) * (head_dim + 2) * 4 + n_head * 4
+
+
+def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
+    q, k, v, mask = node.srcs[:4]
+    sinks = node.srcs[4] if len(node.srcs) > 4 else None
+    d = node.dst
+    H, D = q.shape[-2], q.shape[-1]
+    if q.numel != H * D or len(k.shape) != 3 or len(v.shape) != 3:
+        raise BindError(f"{node.name}: expected q [H, D] and k/v [n_kv, H_kv, D], got {q.shape}, {k.shape}")
+    n_kv, Hkv = k.shape[0], k.shape[1]
+    if D > FA_MAXD or H % Hkv or k.dtype != v.dtype:
+        raise BindError(f"{node.name}: head_dim {D} (max {FA_MAXD}), {H} heads over {Hkv} KV heads, "
+                        f"K {k.dtype} / V {v.dtype}")
+    S = attn_splits(H, n_kv)
+    base = workspace(node.name, attn_workspace_bytes(H, D))
+    tickets = base + attn_workspace_bytes(H, D) - H * 4
+    args = (arg(d, addr), arg(q, addr, (H, D), q.strides[-2:]), arg(k, addr), arg(v, addr), arg(mask, addr),
+            arg(sinks, addr) if sinks is not None else arg(mask, addr), f32(node.params["scale"]),
+            i32(sinks is not None), ptr(base), ptr(tickets))
+    return KernelCall("attn", f"k_flash_attn_ext_{k.dtype}", (H, S), (FA_THREADS,), args, None, node.outs)
+
+
+def _ssm_conv(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    state, x, kern = node.srcs
+    out, new_state = node.outs
+    C, K = kern.shape[-2], kern.shape[-1]
+    if K > 8 or state.shape[-1] != K - 1:
+        raise BindError(f"{node.name}: conv kernel of {K} taps (max 8) over a state of {state.shape}")
+    return KernelCall("gdn", "k_ssm_conv", (ceil(C / 128),), (128,),
+                      (arg(out, addr), arg(new_state, addr), arg(state, addr), arg(x, addr), arg(kern, addr)),
+                      None, node.outs)
+
+
+def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    q, k, v, g, beta, state = node.srcs
+    out, new_state = node.outs
+    H, DK, DV = state.shape
+    if DK > 256:
+        raise BindError(f"{node.name}: key head dim {DK} exceeds 256")
+    args = (arg(out, addr), arg(new_state, addr), arg(q, addr), arg(k, addr), arg(v, addr), arg(g, addr),
+            arg(beta, addr), arg(state, addr), f32(node.params["scale"]))
+    return KernelCall("gdn", "k_gated_delta_net", (H, ceil(DV / 32)), (128,), args, None, node.outs)
+
+
+_BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
+    **{op: _binary for op in (*BINARY, "GLU")},
+    **{op: _unary for op in (*UNARY, "SCALE")},
+    **{op: _norm for op in (*NORMS, "RMS_NORM_MUL", "NORM_GATED")},
+    "SOFT_MAX": _soft_max,
+    "SUM_ROWS": _sum_rows,
+    "ARGSORT_TOP_K": _top_k,
+    "ROPE": _rope,
+    "GET_ROWS": _get_rows,
+    "SET_ROWS": _set_rows,
+    "ADD_ID": _add_id,
+    "MUL_MAT": _mul_mat,
+    "MUL_MAT_ID": _mul_mat_id,
+    "FLASH_ATTN_EXT": _attn,
+    "SSM_CONV": _ssm_conv,
+    "GATED_DELTA_NET": _gdn,
+}
+
+#: ops with a kernel here (the CPU tests check this covers every op a model graph uses)
+SUPPORTED_OPS = frozenset(_BINDERS)
