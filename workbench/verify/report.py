@@ -191,7 +191,7 @@ class Explainer:
 
     def cause(self, a: Access, b: Access, oa: Op, ob: Op, sa: Side, sb: Side) -> tuple[str, str, str]:
         hb = self.hb
-        what = f"{sa.tensor or a.view.buffer.name}"
+        what = f"tensor {sa.tensor or a.view.buffer.name}"
         # -- host staging buffers ----------------------------------------------------------------
         if ob.kind == "host" and b.write:
             return ("host-rewrite",
@@ -244,12 +244,19 @@ class Explainer:
             if sa.tensor and sb.tensor and sa.tensor != sb.tensor and \
                     a.view.buffer.name == self.plan.allocation.arena:
                 policy = self.plan.allocation.policy
+                placed = (f"the {policy} allocator placed {sa.tensor} (used by {oa.name}) and {sb.tensor} (used by "
+                          f"{ob.name}) at the same arena bytes")
+                if policy == "serial-reuse":
+                    return ("allocator-reuse",
+                            f"{placed}, assuming in-order execution, but the two run on {streams} with no event "
+                            f"between them",
+                            "allocate with --allocator stream-aware (recycle bytes only after their last use is "
+                            "visible to every stream), or no-reuse")
                 return ("allocator-reuse",
-                        f"the {policy} allocator placed {sa.tensor} (used by {oa.name}) and {sb.tensor} (used by "
-                        f"{ob.name}) at the same arena bytes, assuming in-order execution, but the two run on "
-                        f"{streams} with no event between them",
-                        "allocate with --allocator stream-aware (recycle bytes only after their last use is "
-                        "visible to every stream), or no-reuse")
+                        f"{placed} because the schedule it was given ordered {oa.name} before {ob.name}; the "
+                        f"Plan's events do not (they run on {streams} unordered)",
+                        f"restore the event that orders {oa.name} before {ob.name} (and re-run the allocator on "
+                        f"the schedule that is actually executed)")
             writer = oa if a.write else ob
             wnode = writer.launch.node if writer.launch is not None else None
             if wnode is not None and wnode.params.get("cpy_eliminated"):

@@ -13,6 +13,8 @@ from collections.abc import Iterator
 from ..strategy.strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, STREAM_MODES, SYNC_MODES, Strategy
 
 SAFE_WAITS = ("start", "first-read")
+#: ``auto`` streams are swept at these stream limits (qkv always uses 3)
+AUTO_MAX_STREAMS = (2, 3, 4)
 
 
 def fusion_sets() -> list[frozenset[str]]:
@@ -25,10 +27,12 @@ def pdl_options() -> list[dict]:
 
 
 def valid_strategies() -> Iterator[Strategy]:
-    """Every combination of sync x graphs x streams x allocator x PDL placement x fusion set
-    that is meant to be race-free."""
+    """Every combination of sync x graphs x streams (x max_streams for auto) x allocator x PDL
+    placement x fusion set that is meant to be race-free."""
     for sync, graphs, streams, allocator in itertools.product(SYNC_MODES, (False, True), STREAM_MODES, ALLOCATORS):
         if streams != "single" and allocator == "serial-reuse":
             continue
-        for pdl, fusion in itertools.product(pdl_options(), fusion_sets()):
-            yield Strategy(sync=sync, graphs=graphs, streams=streams, allocator=allocator, fusion=fusion, **pdl)
+        for max_streams in AUTO_MAX_STREAMS if streams == "auto" else (4,):
+            for pdl, fusion in itertools.product(pdl_options(), fusion_sets()):
+                yield Strategy(sync=sync, graphs=graphs, streams=streams, max_streams=max_streams,
+                               allocator=allocator, fusion=fusion, **pdl)
