@@ -31,15 +31,13 @@ import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
-from math import prod
 from pathlib import Path
-from types import SimpleNamespace
 from typing import Any
 
 import numpy as np
 import pandas as pd
 
-from ..models import ModelConfig, build_graph, load_config
+from ..models import ModelConfig, load_config
 from ..strategy import Strategy
 from ..trace import Trace
 from .calibration import CALIBRATION_DIR, parse_calibration
@@ -51,11 +49,13 @@ from .calibration import CALIBRATION_DIR, parse_calibration
 
 @dataclass(frozen=True)
 class ModelSpec:
-    """A model shape the calibration (or the fidelity report) runs: preset, layers, context."""
+    """A model shape the calibration (or the fidelity report) runs: preset, layers, context, and
+    the position of the first decode step (which sets the attended KV length)."""
 
     model: str
     layers: int | None = None
     context: int | None = None
+    pos: int = 0
 
     def config(self) -> ModelConfig:
         return load_config(self.model, layers=self.layers, context=self.context)
@@ -67,16 +67,19 @@ class ModelSpec:
             parts.append(f"L{self.layers}")
         if self.context:
             parts.append(f"ctx{self.context}")
+        if self.pos:
+            parts.append(f"pos{self.pos}")
         return "/".join(parts)
 
     def to_dict(self) -> dict[str, Any]:
-        return {"model": self.model, "layers": self.layers, "context": self.context}
+        return {"model": self.model, "layers": self.layers, "context": self.context, "pos": self.pos}
 
 
-#: dense Llama shapes at two sizes and two contexts: mat-vecs from 512 x 2048 to 14336 x 4096
+#: dense Llama shapes at two sizes and two KV lengths: mat-vecs from 512 x 2048 to 14336 x 4096,
+#: attention over 256 and 2048 rows
 CALIBRATION_MODELS = (
     ModelSpec("llama-3.2-1b", 4, 512),
-    ModelSpec("llama-3.1-8b", 2, 2048),
+    ModelSpec("llama-3.1-8b", 2, 2048, 1800),
 )
 #: the strategies whose traces give each host cost and the PDL boundaries
 CALIBRATION_STRATEGIES: dict[str, Strategy] = {
@@ -133,30 +136,6 @@ extern "C" __global__ void wb_spin(long long cycles, int pdl) {
 }
 """
 READ_BYTES_IN_FLIGHT = 32  # READ_UNROLL x 16 bytes per thread
-
-
-# ------------------------------------------------------------------------------------------
-# weights for timing runs
-# ------------------------------------------------------------------------------------------
-def timing_weights(graph: Any, seed: int = 0, block: int = 1 << 18) -> dict[str, np.ndarray]:
-    """Weights with ``random_weights``' distributions, drawn for at most ``block`` elements per
-    tensor and tiled: the same bytes to stream and values of the same scale (never zeros, which
-    can run faster), in seconds instead of minutes for billion-parameter shapes."""
-    from ..models import weights as W
-
-    overrides = graph.meta.get("weight_init", {})
-    fan_ins = graph.meta.get("weight_fan_in", {})
-    out: dict[str, np.ndarray] = {}
-    for name, view in sorted(graph.weights.items()):
-        n = prod(view.shape)
-        k = min(n, block)
-        rng = np.random.default_rng([seed, W._stable_hash(name)])
-        small = SimpleNamespace(shape=(k,))
-        init = (overrides[name](rng, (k,)) if name in overrides
-                else W._init(name, small, rng, fan_ins.get(name) or view.shape[-1]))
-        stored = W.to_storage(np.asarray(init, np.float32).reshape(-1), view.dtype)
-        out[name] = np.resize(stored, view.shape)
-    return out
 
 
 # ------------------------------------------------------------------------------------------
@@ -471,36 +450,38 @@ def _probe_summary(tr: Trace, labels: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def trace_executor(spec: ModelSpec, strategy: Strategy, weights: Mapping[str, np.ndarray], tokens: int,
-                   seed: int = 0) -> tuple[Trace, dict[str, Any]]:
+def trace_executor(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int = 0,
+                   share: Any = None) -> tuple[Trace, dict[str, Any]]:
     """A CUPTI trace of ``tokens`` decode steps on the cuda executor, graph capture included
-    (in token -1), and the executor's host times."""
+    (in token -1), and the executor's host times. Weights are drawn on the GPU (``share``: an
+    executor of the same model whose weights to reuse)."""
     from ..trace.cupti import CuptiCapture, copies_from_plan, sites_from_plan
     from .cuda import CudaExecutor
 
     cfg = spec.config()
-    ex = CudaExecutor(cfg, strategy, dict(weights), seed)
+    ex = CudaExecutor(cfg, strategy, "device", seed, share=share)
     ids = np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)
-    b = ex.prepare(0)  # compile kernels (and capture) outside the measurement
-    ex.step(int(ids[0]), 0)
-    if any(ex.cfg.kv_len(i) != cfg.kv_len(0) for i in range(tokens)):
-        raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or a larger context")
+    p0 = spec.pos
+    if any(cfg.kv_len(p0 + i) != cfg.kv_len(p0) for i in range(tokens)):
+        raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or another pos")
+    b = ex.prepare(p0)  # compile kernels (and capture) outside the measurement
+    ex.step(int(ids[0]), p0)
     sites = sites_from_plan(b.plan, ex.kernel_of)
     b.graph = None  # captured again below, inside the trace
     cap = CuptiCapture(sites, copies_from_plan(b.plan), model=cfg.name, strategy=strategy.label(), backend="cuda",
                        device=ex.device).start()
     try:
-        ex.prepare(0)
+        ex.prepare(p0)
         n0 = len(ex.times.start_ns)
         for i, tok in enumerate(ids):
-            ex.prepare(i)
+            ex.prepare(p0 + i)
             cap.mark_token(i)
-            ex.step(int(tok), i)
+            ex.step(int(tok), p0 + i)
     finally:
         tr = cap.stop()
     us = (np.asarray(ex.times.end_ns[n0:]) - np.asarray(ex.times.start_ns[n0:])) / 1e3
     return tr, {"host_us_per_token": float(np.mean(us[1:])) if len(us) > 1 else float(us[0]),
-                "nodes": len(b.plan.launches), "device": ex.device, "device_name": ex.device_name}
+                "nodes": len(b.plan.launches), "device": ex.device, "device_name": ex.device_name, "executor": ex}
 
 
 def measure_models(specs: Iterable[ModelSpec], strategies: Mapping[str, Strategy], tokens: int = 12,
@@ -509,11 +490,12 @@ def measure_models(specs: Iterable[ModelSpec], strategies: Mapping[str, Strategy
     """Executor traces of each model under each strategy -> the tables the fit reads."""
     runs: list[tuple[ModelSpec, str, Trace, dict[str, Any]]] = []
     for spec in specs:
-        cfg = spec.config()
-        weights = timing_weights(build_graph(cfg), seed)
+        first = None
         for label, st in strategies.items():
             t0 = time.perf_counter()
-            tr, info = trace_executor(spec, st, weights, tokens, seed)
+            tr, info = trace_executor(spec, st, tokens, seed, share=first)
+            first = first or info.pop("executor")
+            info.pop("executor", None)
             runs.append((spec, label, tr, info))
             if keep is not None:
                 keep(f"{spec.label}/{label}", tr)
@@ -783,10 +765,11 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     base_cal = replace(parse_calibration(out, "fit", "python"), families={})
     rows = []
     g_kt = kt[kt["strategy"] == "graphs+boundary"]
-    for (model, layers, context), grp in g_kt.groupby(["spec_model", "spec_layers", "spec_context"], dropna=False):
+    keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
+    for (model, layers, context, pos), grp in g_kt.groupby(keys, dropna=False):
         cfg = load_config(model, layers=None if layers != layers else int(layers),
                           context=None if context != context else int(context))
-        plan = compile_plan(_bg(cfg, cfg.kv_len(0)), CALIBRATION_STRATEGIES["graphs+boundary"])
+        plan = compile_plan(_bg(cfg, cfg.kv_len(int(pos))), CALIBRATION_STRATEGIES["graphs+boundary"])
         nodes = {la.node.name: la.node for la in plan.launches}
         for r in grp.itertuples():
             node = nodes.get(r.node)

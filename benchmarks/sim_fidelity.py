@@ -1,0 +1,230 @@
+"""Simulator vs GPU: predicted and measured us/token for a matrix of (model, strategy), and each
+knob's predicted vs measured speedup; the held-out model families (never seen by
+``workbench calibrate``) are reported apart.
+
+    # on the GPU: measure (untraced runs of the cuda executor), write JSON
+    python benchmarks/sim_fidelity.py measure --out fidelity_measured.json
+    # anywhere: simulate the same matrix with a calibration and write the report to data/bench/
+    python benchmarks/sim_fidelity.py report fidelity_measured.json [--calibration data/calibration/h100.json]
+
+Measured: the cuda executor, weights drawn on the GPU, ``--repeats`` runs of ``--tokens`` decode
+steps after a warm-up run; a run's us/token is the mean host time of its steady tokens (all
+but the first), the cell's value the median over runs (spread: min-max). Predicted: the
+simulator on the same Plans, start position and token count. A knob's speedup is
+``t(without) / t(with) - 1``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from workbench.exec.calibrate import ModelSpec
+from workbench.strategy import Strategy
+
+ROOT = Path(__file__).resolve().parents[1]
+
+#: (spec, family, held out from calibration?)
+MODELS: tuple[tuple[ModelSpec, str, bool], ...] = (
+    (ModelSpec("llama-3.2-1b", None, 512), "llama", False),
+    (ModelSpec("llama-3.1-8b", 4, 1024, 600), "llama", False),
+    (ModelSpec("qwen3-8b", 4, 512), "qwen3", True),
+    (ModelSpec("qwen3-30b-a3b", 4, 512), "qwen3_moe", True),
+    (ModelSpec("qwen3-next-80b-a3b", 8, 512), "qwen3_next", True),
+)
+
+STRATEGIES: dict[str, Strategy] = {
+    "eager": Strategy(),
+    "eager+implicit": Strategy(sync="implicit"),
+    "graphs": Strategy(graphs=True),
+    "graphs+boundary": Strategy(graphs=True, sync="boundary"),
+    "graphs+implicit": Strategy(graphs=True, sync="implicit"),
+    "graphs+pdl": Strategy(graphs=True, pdl=True),
+    "graphs+qkv": Strategy(graphs=True, streams="qkv"),
+    "graphs+pdl+qkv+implicit": Strategy(graphs=True, pdl=True, streams="qkv", sync="implicit"),
+    "graphs+implicit+copy-elim": Strategy(graphs=True, sync="implicit", fusion=frozenset({"copy-elim"})),
+}
+#: models where a strategy changes nothing measurable are skipped (copy-elim only rewrites the
+#: GDN state copies of qwen3-next)
+ONLY = {"graphs+implicit+copy-elim": {"qwen3-next-80b-a3b"}}
+
+#: knob -> (strategy without, strategy with)
+KNOBS: dict[str, tuple[str, str]] = {
+    "graphs": ("eager", "graphs"),
+    "sync implicit (eager)": ("eager", "eager+implicit"),
+    "sync boundary (graphs)": ("graphs", "graphs+boundary"),
+    "sync implicit (graphs)": ("graphs", "graphs+implicit"),
+    "pdl": ("graphs", "graphs+pdl"),
+    "qkv streams": ("graphs", "graphs+qkv"),
+    "copy-elim": ("graphs+implicit", "graphs+implicit+copy-elim"),
+    "all four (vs eager)": ("eager", "graphs+pdl+qkv+implicit"),
+}
+
+
+# ------------------------------------------------------------------------------------------
+# measure (GPU)
+# ------------------------------------------------------------------------------------------
+def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str, Any]:
+    from workbench.exec.calibrate import environment
+    from workbench.exec.cuda import CudaExecutor, run_cuda
+
+    env = environment()
+    rows = []
+    for spec, fam, held in models:
+        first = None  # the model's first executor: the others reuse its weights on the GPU
+        for label, st in STRATEGIES.items():
+            if label in ONLY and spec.model not in ONLY[label]:
+                continue
+            t0 = time.perf_counter()
+            cfg = spec.config()
+            ex = CudaExecutor(cfg, st, "device", seed, share=first)
+            first = first or ex
+            run_cuda(cfg, st, 4, seed=seed, start_pos=spec.pos, executor=ex)  # warm-up: compile, capture
+            us = [run_cuda(cfg, st, tokens, seed=seed, start_pos=spec.pos, executor=ex).stats["us_per_token"]
+                  for _ in range(repeats)]
+            rows.append({**spec.to_dict(), "label": spec.label, "family": fam, "held_out": held, "strategy": label,
+                         "tokens": tokens, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
+                         "us_max": float(np.max(us)), "runs_us": us})
+            print(f"{spec.label:32s} {label:28s} {np.median(us):9.1f} us/token  [{np.min(us):.1f}-{np.max(us):.1f}]"
+                  f"  {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
+        del first, ex
+    return {"environment": env, "tokens": tokens, "repeats": repeats, "rows": rows}
+
+
+# ------------------------------------------------------------------------------------------
+# report (CPU)
+# ------------------------------------------------------------------------------------------
+def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
+    from workbench.exec.sim import run_sim
+
+    df = pd.DataFrame(measured["rows"])
+    pred = []
+    for r in df.itertuples():
+        spec = ModelSpec(r.model, None if pd.isna(r.layers) else int(r.layers),
+                         None if pd.isna(r.context) else int(r.context), int(r.pos))
+        run = run_sim(spec.config(), STRATEGIES[r.strategy], int(r.tokens), start_pos=spec.pos, calibration=cal)
+        pred.append(run.stats["us_per_token"])
+    df["predicted_us"] = pred
+    df["error_pct"] = 100 * (df["predicted_us"] / df["us_per_token"] - 1)
+    return df
+
+
+def knob_table(df: pd.DataFrame) -> pd.DataFrame:
+    rows = []
+    for (label, fam, held), g in df.groupby(["label", "family", "held_out"], sort=False):
+        by = g.set_index("strategy")
+        for knob, (a, b) in KNOBS.items():
+            if a not in by.index or b not in by.index:
+                continue
+            m = 100 * (by.at[a, "us_per_token"] / by.at[b, "us_per_token"] - 1)
+            p = 100 * (by.at[a, "predicted_us"] / by.at[b, "predicted_us"] - 1)
+            # spread of the measured speedup from the runs' min-max
+            lo = 100 * (by.at[a, "us_min"] / by.at[b, "us_max"] - 1)
+            hi = 100 * (by.at[a, "us_max"] / by.at[b, "us_min"] - 1)
+            rows.append({"model": label, "family": fam, "held_out": held, "knob": knob, "measured_pct": m,
+                         "measured_lo": lo, "measured_hi": hi, "predicted_pct": p, "diff_pp": p - m})
+    return pd.DataFrame(rows)
+
+
+def summary(df: pd.DataFrame, kn: pd.DataFrame) -> pd.DataFrame:
+    out = []
+    for held, name in ((False, "calibration families"), (True, "held-out families")):
+        a, k = df[df["held_out"] == held], kn[kn["held_out"] == held]
+        if a.empty:
+            continue
+        out.append({"set": name, "cells": len(a), "mean_abs_error_pct": a["error_pct"].abs().mean(),
+                    "max_abs_error_pct": a["error_pct"].abs().max(),
+                    "cells_within_10pct": int((a["error_pct"].abs() <= 10).sum()),
+                    "knobs": len(k), "mean_abs_diff_pp": k["diff_pp"].abs().mean() if len(k) else np.nan,
+                    "knobs_within_2pp": int((k["diff_pp"].abs() <= 2).sum())})
+    return pd.DataFrame(out)
+
+
+def _md(df: pd.DataFrame, cols: list[str], digits: int = 1) -> str:
+    head = "| " + " | ".join(cols) + " |\n|" + "---|" * len(cols) + "\n"
+    lines = []
+    for r in df[cols].itertuples(index=False):
+        cells_ = [f"{v:.{digits}f}" if isinstance(v, float) else str(v) for v in r]
+        lines.append("| " + " | ".join(cells_) + " |")
+    return head + "\n".join(lines) + "\n"
+
+
+def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir: Path,
+           baseline: Path | None = None) -> dict[str, Any]:
+    from workbench.exec.calibration import load_calibration
+
+    measured = json.loads(measured_path.read_text())
+    env = measured["environment"]
+    gpu = gpu or _gpu_key(env["gpu_name"])
+    cal = load_calibration(gpu, path=cal_path)
+    df = predict(measured, cal)
+    kn = knob_table(df)
+    sm = summary(df, kn)
+    base = None
+    if baseline is not None:
+        b = predict(measured, load_calibration(gpu, path=baseline))
+        base = summary(b, knob_table(b)).assign(calibration=f"{baseline}")
+    stem = f"sim_fidelity_{gpu}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df.drop(columns=["runs_us"]).to_csv(out_dir / f"{stem}.csv", index=False)
+    kn.to_csv(out_dir / f"{stem}_knobs.csv", index=False)
+    text = [f"# Simulator vs GPU fidelity ({env['gpu_name']})\n\n",
+            f"Measured {env['date'][:10]} on {env['gpu_name']}, driver {env.get('driver_version', '')}, CUDA runtime "
+            f"{env.get('cuda_runtime', '')}, CuPy {env.get('cupy', '')}; {measured['repeats']} runs of "
+            f"{measured['tokens']} tokens per cell (median, spread min-max). Predicted by the simulator with "
+            f"`{cal_path or f'data/calibration/{gpu}.json'}` ({cal.name}). Held-out families were never measured "
+            "by `workbench calibrate`. Generated by `benchmarks/sim_fidelity.py report`.\n\n",
+            "## Summary\n\n", _md(sm, list(sm.columns))]
+    if base is not None:
+        text += ["\nWith the calibration before measurement (datasheet-based):\n\n", _md(base, list(base.columns))]
+    for held, name in ((False, "Calibration families"), (True, "Held-out families")):
+        d, k = df[df["held_out"] == held], kn[kn["held_out"] == held]
+        if d.empty:
+            continue
+        text += [f"\n## {name}: us/token\n\n",
+                 _md(d, ["label", "strategy", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct"]),
+                 f"\n## {name}: knob speedups (%)\n\n",
+                 _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp"])]
+    (out_dir / f"{stem}.md").write_text("".join(text))
+    print("".join(text))
+    return {"rows": df, "knobs": kn, "summary": sm}
+
+
+def _gpu_key(name: str) -> str:
+    from workbench.exec.calibrate import gpu_key
+
+    return gpu_key(name)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    sub = p.add_subparsers(dest="cmd", required=True)
+    m = sub.add_parser("measure", help="run the matrix on this GPU (untraced) and write JSON")
+    m.add_argument("--out", required=True)
+    m.add_argument("--tokens", type=int, default=32)
+    m.add_argument("--repeats", type=int, default=5)
+    r = sub.add_parser("report", help="simulate the matrix and write the tables to data/bench/")
+    r.add_argument("measured")
+    r.add_argument("--calibration", type=Path, help="calibration file (default data/calibration/<gpu>.json)")
+    r.add_argument("--baseline-calibration", type=Path, help="also summarise another calibration (e.g. the "
+                                                             "datasheet one) for comparison")
+    r.add_argument("--gpu", help="calibration GPU key (default: from the measured GPU's name)")
+    r.add_argument("--out-dir", type=Path, default=ROOT / "data" / "bench")
+    args = p.parse_args()
+    if args.cmd == "measure":
+        res = measure(args.tokens, args.repeats)
+        Path(args.out).write_text(json.dumps(res, indent=1))
+        return 0
+    report(Path(args.measured), args.calibration, args.gpu, args.out_dir, args.baseline_calibration)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
