@@ -142,6 +142,9 @@ READ_BYTES_IN_FLIGHT = 32  # READ_UNROLL x 16 bytes per thread
 # trace analyses (pure): what the fit reads from an executor trace
 # ------------------------------------------------------------------------------------------
 LAUNCH_APIS = ("cuLaunchKernelEx", "cuLaunchKernel", "cudaLaunchKernel", "cudaLaunchKernelExC")
+#: the calls of a host program (what the simulator charges); others (cudaGetDevice, capture
+#: queries...) are part of the Python time around them
+PROGRAM_APIS = r"LaunchKernel|GraphLaunch|Memcpy|Synchronize|EventRecord|StreamWaitEvent"
 
 
 def _steady(ev: pd.DataFrame) -> pd.DataFrame:
@@ -151,13 +154,14 @@ def _steady(ev: pd.DataFrame) -> pd.DataFrame:
 
 
 def api_periods(trace: Trace) -> pd.DataFrame:
-    """Each host call of the measured tokens with its ``period_ns`` (its start to the next
-    call's start on the same thread, the host time the call and the Python around it take),
+    """Each host-program call (``PROGRAM_APIS``) of the measured tokens with its ``period_ns``
+    (its start to the next such call's start on the same thread: the host time the call and the
+    Python around it take),
     ``issue_ns`` (call start to the start of the device work it issued), ``wait_ns`` / ``resume_ns``
     (for calls that waited for device work: from that work's end to the call's return / to the
     next call; NaN otherwise)."""
     ev = trace.events
-    host = ev[ev["row"] == "CUDA API"].sort_values("start_ns", kind="stable")
+    host = ev[(ev["row"] == "CUDA API") & ev["name"].str.contains(PROGRAM_APIS)].sort_values("start_ns", kind="stable")
     host = host.assign(next_start=host.groupby("tid")["start_ns"].shift(-1),
                        next_token=host.groupby("tid")["token"].shift(-1))
     dev = ev[ev["kind"].isin(["kernel", "memcpy", "memset"])]
