@@ -163,6 +163,12 @@ class ControlPanel:
         self.figure: go.FigureWidget | None = None
         self.compare_figure: go.FigureWidget | None = None
 
+        # stable CSS hooks for browser tests and screenshots
+        for w, cls in ((self.pdl, "wb-pdl"), (self.graphs, "wb-graphs"), (self.run_button, "wb-run"),
+                       (self.timeline_box, "wb-timeline"), (self.compare_box, "wb-compare"),
+                       (self.status, "wb-status"), (self.summary, "wb-summary")):
+            w.add_class(cls)
+
         self.set_strategy(strategy or Strategy())
         self.layers.value = layers or 0
         self._wire()
@@ -478,8 +484,10 @@ class ControlPanel:
         for i, t in enumerate(("Timeline", "vs baseline", "Stats", "Race check")):
             tabs.set_title(i, t)
         controls = W.HBox([model, backend, W.VBox([strat, families])], layout=W.Layout(flex_flow="row wrap"))
-        return W.VBox([controls, actions, self.status, self.summary, self.history_select, tabs, exports],
-                      layout=W.Layout(width="100%"))
+        ui = W.VBox([controls, actions, self.status, self.summary, self.history_select, tabs, exports],
+                    layout=W.Layout(width="100%"))
+        ui.add_class("wb-panel")
+        return ui
 
     def _repr_mimebundle_(self, **kwargs: Any) -> Any:
         return self.ui._repr_mimebundle_(**kwargs)
