@@ -483,8 +483,16 @@ def trace_executor(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int =
             ex.step(int(tok), p0 + i)
     finally:
         tr = cap.stop()
-    us = (np.asarray(ex.times.end_ns[n0:]) - np.asarray(ex.times.start_ns[n0:])) / 1e3
-    return tr, {"host_us_per_token": float(np.mean(us[1:])) if len(us) > 1 else float(us[0]),
+    n1 = len(ex.times.start_ns)
+    for i, tok in enumerate(ids):  # the same steps untraced: what tracing adds per API call
+        ex.prepare(p0 + i)
+        ex.step(int(tok), p0 + i)
+
+    def steady_us(a: int, b_: int | None) -> float:
+        us = (np.asarray(ex.times.end_ns[a:b_]) - np.asarray(ex.times.start_ns[a:b_])) / 1e3
+        return float(np.mean(us[1:])) if len(us) > 1 else float(us[0])
+
+    return tr, {"host_us_per_token": steady_us(n0, n1), "untraced_us_per_token": steady_us(n1, None),
                 "nodes": len(b.plan.launches), "device": ex.device, "device_name": ex.device_name, "executor": ex}
 
 
@@ -529,6 +537,8 @@ def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]
                                 "ns": float((inst["end_ns"] - inst["start_ns"]).sum())})
         cap_calls = host[host["name"].str.contains("StreamBeginCapture|StreamEndCapture")]
         rows.append({"model": spec.label, "strategy": label, "host_us_per_token": info.get("host_us_per_token"),
+                     "untraced_us_per_token": info.get("untraced_us_per_token"),
+                     "calls_per_token": float(ap.groupby("token").size().median()) if len(ap) else 0.0,
                      "capture_call_ns": float((cap_calls["end_ns"] - cap_calls["start_ns"]).median())
                      if len(cap_calls) else float("nan"), "events": len(tr), "device": info.get("device", "")})
     for spec, traces in by_spec.items():
@@ -692,6 +702,17 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
 
     api = pd.DataFrame(raw["api"])
     kt = pd.DataFrame(raw["kernels"])
+    # CUPTI's API tracing lengthens every traced call: the eager runs were also timed untraced
+    runs = pd.DataFrame(raw["runs"])
+    eager = runs[runs["strategy"].str.startswith("eager")] if "untraced_us_per_token" in runs else runs.iloc[0:0]
+    per_call = ((eager["host_us_per_token"] - eager["untraced_us_per_token"]) * 1e3 / eager["calls_per_token"]
+                if len(eager) else pd.Series(dtype=float))
+    cupti_ns = _median(per_call)
+    cupti_ns = cupti_ns if cupti_ns > 0 else 0.0  # (NaN without untraced timings: no correction)
+    traced = (f"; minus {cupti_ns:.0f} ns per call that CUPTI tracing adds (eager runs timed traced and "
+              "untraced, difference per host-program call)") if cupti_ns > 0 else ""
+    for col in ("period_ns", "issue_ns"):
+        api[col] = api[col] - cupti_ns
 
     # kernel gaps in graph replay of the models (no PDL, one stream)
     g = kt[kt["strategy"] == "graphs+boundary"]["gap_ns"].dropna()
@@ -702,11 +723,11 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     # launch latencies relative to the simulator's host time line (call start + call cost)
     launch_ns, n_launch = _host(api, "eager", LAUNCH_APIS)
     seth("launch_ns", launch_ns, "median period (call start to next call start) of cuLaunchKernelEx in eager "
-         "executor runs of the calibration models", n_launch)
+         "executor runs of the calibration models" + traced, n_launch)
     v, n = _host(api, "eager+pdl", LAUNCH_APIS)
-    seth("launch_pdl_ns", v, "median period of cuLaunchKernelEx in eager + PDL executor runs", n)
+    seth("launch_pdl_ns", v, "median period of cuLaunchKernelEx in eager + PDL executor runs" + traced, n)
     graph_ns, n = _host(api, "graphs+boundary", ("cudaGraphLaunch",))
-    seth("graph_launch_ns", graph_ns, "median period of cudaGraphLaunch in graph-replay executor runs", n)
+    seth("graph_launch_ns", graph_ns, "median period of cudaGraphLaunch in graph-replay executor runs" + traced, n)
     setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_start_ns"] - launch_ns),
          f"probe: an empty kernel starts {pt['eager_start_after_call_start_ns']:.0f} ns after its launch call "
          "starts on an idle GPU, minus the launch call's cost (host_profiles.python.launch_ns)")
@@ -714,14 +735,15 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
          f"probe: a graph's first kernel starts {pt['graph_start_after_call_start_ns']:.0f} ns after cudaGraphLaunch "
          "starts on an idle GPU, minus the call's cost (host_profiles.python.graph_launch_ns)")
     v, n = _host(api, "graphs+boundary", ("cudaMemcpyAsync",))
-    seth("memcpy_async_ns", v, "median period of cudaMemcpyAsync (pinned staging) in boundary-sync executor runs", n)
+    seth("memcpy_async_ns", v,
+         "median period of cudaMemcpyAsync (pinned staging) in boundary-sync executor runs" + traced, n)
     per_copy = api[(api["strategy"] == "eager") & (api["name"] == "cudaMemcpy")]
     seth("memcpy_blocking_ns", _median(per_copy["issue_ns"]),
          "median time from a blocking cudaMemcpy's start (pageable staging, per-copy executor runs) to its copy "
-         "starting on the device; the wait for the copy and the wake-up are simulated apart", len(per_copy))
+         "starting on the device; the wait for the copy and the wake-up are simulated apart" + traced, len(per_copy))
     sy = api[(api["kind"] == "sync") & api["wait_ns"].isna() & (api["next_token"] == api["token"])]
     seth("stream_sync_ns", _median(sy["period_ns"]),
-         "median period of cudaStreamSynchronize on an idle stream (per-copy and boundary runs)", len(sy))
+         "median period of cudaStreamSynchronize on an idle stream (per-copy and boundary runs)" + traced, len(sy))
     waited = api[(api["kind"] == "sync") & api["wait_ns"].notna()]
     within = waited[waited["next_token"] == waited["token"]]
     seth("sync_wakeup_ns", _median(within["resume_ns"]) if len(within) else _median(waited["wait_ns"]),
@@ -735,9 +757,9 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
              "first call, minus sync_wakeup_ns: the executor's per-token Python (input values, staging, logits copy)",
              len(last))
     v, n = _host(api, "eager+qkv+boundary", ("cudaEventRecord",))
-    seth("event_record_ns", v, "median period of cudaEventRecord in eager qkv executor runs", n)
+    seth("event_record_ns", v, "median period of cudaEventRecord in eager qkv executor runs" + traced, n)
     v, n = _host(api, "eager+qkv+boundary", ("cudaStreamWaitEvent",))
-    seth("stream_wait_event_ns", v, "median period of cudaStreamWaitEvent in eager qkv executor runs", n)
+    seth("stream_wait_event_ns", v, "median period of cudaStreamWaitEvent in eager qkv executor runs" + traced, n)
     caps = [r["capture_call_ns"] for r in raw["runs"] if r["capture_call_ns"] == r["capture_call_ns"]]
     seth("capture_ns", _median(caps), "median duration of cudaStreamBeginCapture / EndCapture calls", len(caps))
     inst = pd.DataFrame(raw["instantiate"])

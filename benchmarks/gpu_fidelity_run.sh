@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# Issue 6 on a GPU machine, in one call: recorded traces, CUPTI GPU tests, calibration (raw +
+# fitted), tracing overhead, the fidelity matrix. Results go to $OUT/results.tgz (re-packed
+# after every stage, so a stage that runs out of time still leaves the earlier ones) and the
+# whole log to $OUT/log.txt. Stages to run: arguments (default: all, in this order).
+#
+#   bash benchmarks/gpu_fidelity_run.sh [traces] [gputests] [calibrate] [overhead] [fidelity]
+set -u
+OUT=${OUT:-out}
+R=$OUT/r
+mkdir -p "$R"
+exec > >(tee -a "$OUT/log.txt") 2>&1
+export PYTHONUNBUFFERED=1
+if ls .whl/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH=/tmp/site:.
+else
+    export PYTHONPATH=.
+fi
+nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$R/nvidia-smi.csv"
+python3 -c "import cupy, cupti; print('cupy', cupy.__version__, 'cupti-python ok')"
+stages=${*:-traces gputests calibrate overhead fidelity}
+pack() { tar czf "$OUT/results.tgz" -C "$OUT" r; }
+t0=$(date +%s)
+for st in $stages; do
+    echo "=== $st ($(( $(date +%s) - t0 )) s)"
+    case $st in
+        traces) timeout 150 python3 benchmarks/record_traces.py --out-dir "$R" ;;
+        gputests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cupti.py ;;
+        calibrate) timeout 240 python3 -m workbench.cli calibrate --raw "$R/calibration_raw.json" \
+                       --out "$R/calibration.json" ;;
+        overhead) timeout 150 python3 benchmarks/trace_overhead.py --rounds 5 --out "$R/trace_overhead.json" ;;
+        fidelity) timeout 300 python3 benchmarks/sim_fidelity.py measure --tokens 32 --repeats 4 \
+                      --out "$R/fidelity_measured.json" ;;
+        *) echo "unknown stage $st" ;;
+    esac
+    echo "=== $st exit $? ($(( $(date +%s) - t0 )) s)"
+    pack
+done
