@@ -17,8 +17,8 @@
 #define MMV_WARPS 8
 #define MMV_UNROLL 4
 
-struct __align__(16) u32x4 { u32 x, y, z, w; };
-struct __align__(16) f32x4 { float x, y, z, w; };
+struct alignas(16) u32x4 { u32 x, y, z, w; };
+struct alignas(16) f32x4 { float x, y, z, w; };
 
 __device__ __forceinline__ u32x4 ld_stream(const char* p) {
     u32x4 v;

@@ -100,7 +100,8 @@ class CudaExecutor:
         self.cp = cp
         self.cfg, self.strategy, self.kernel_set = cfg, strategy, kernels
         dev = cp.cuda.Device()
-        self.cc = tuple(int(c) for c in dev.compute_capability)  # "90" -> (9, 0)
+        cc = str(dev.compute_capability)  # "90" -> (9, 0), "100" -> (10, 0)
+        self.cc = (int(cc[:-1]), int(cc[-1]))
         props = cp.cuda.runtime.getDeviceProperties(dev.id)
         name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
         self.device_name = name

@@ -20,6 +20,10 @@ class Memory:
         a = self.arrays.get(buf.name)
         if a is None:
             a = self.arrays[buf.name] = np.zeros(buf.nbytes, np.uint8)
+        elif a.size < buf.nbytes:  # the same input at a larger KV length (kq_mask grows with n_kv)
+            grown = np.zeros(buf.nbytes, np.uint8)
+            grown[: a.size] = a
+            a = self.arrays[buf.name] = grown
         return a
 
     def raw(self, v: View) -> np.ndarray:

@@ -1,0 +1,391 @@
+"""GPU decode benchmark of the cuda backend (issue 4), one run, results to data/bench/.
+
+1. ``llama-3.2-1b`` f16, all layers, context 512 (steps 448..511 attend over 512 KV rows): time
+   per token of each strategy against the bandwidth floor = bytes the step must read (weights
+   and KV, from the ops' cost model) / device-to-device copy bandwidth measured in this run
+   (bytes read + written, as the MEMCPY rate is usually quoted), and the lm_head mat-vec alone.
+2. Each knob's speedup alone (on llama.cpp's defaults) and stacked (graphs, + PDL, + qkv
+   streams, + implicit sync, + fusions with copy-elim) on llama-3.2-1b and on
+   ``qwen3-next-80b-a3b --layers 8`` (where copy-elim has copies to remove), each the median of
+   ``--runs`` runs of ``--tokens`` tokens with its spread, beside the seeds' reported ranges.
+3. The same decode step with the same weights in PyTorch (fp16, eager and captured in a
+   ``torch.cuda.CUDAGraph``), per token including the logits' copy to the host, as ours.
+
+Usage: ``python benchmarks/gpu_decode.py [--runs 10] [--tokens 64] [--out data/bench/gpu_decode.json]``.
+Weights are drawn on the GPU (``CudaExecutor(weights="device")``), PyTorch reads the very same
+device buffers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import platform
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from workbench.models import build_graph, preset  # noqa: E402
+from workbench.strategy import Strategy  # noqa: E402
+
+#: seeds' reported token-generation gains (DESIGN.md)
+SEED_RANGES = {
+    "graphs": "(llama.cpp's CUDA graphs; no seed number)",
+    "pdl": "4-13 % (seed 003)",
+    "qkv": "1-9 % (seed 001)",
+    "implicit": "1-2 % Linux, up to 8-9 % Windows (seed 000)",
+    "boundary": "part of seed 000's 1-2 %",
+    "copy-elim": "3-4 % (seed 002)",
+    "rms-norm-mul": "(ggml's classic fusion; no seed number)",
+}
+FUSED = frozenset({"copy-elim", "rms-norm-mul"})
+
+
+def stack() -> list[tuple[str, Strategy]]:
+    s0 = Strategy()
+    s1 = s0.with_(graphs=True)
+    s2 = s1.with_(pdl=True)
+    s3 = s2.with_(streams="qkv", allocator="stream-aware")
+    s4 = s3.with_(sync="implicit")
+    s5 = s4.with_(fusion=FUSED)
+    return [("default", s0), ("graphs", s1), ("+pdl", s2), ("+qkv", s3), ("+implicit", s4), ("+fusions", s5)]
+
+
+def alone() -> list[tuple[str, Strategy]]:
+    s0 = Strategy()
+    return [("pdl", s0.with_(pdl=True)), ("qkv", s0.with_(streams="qkv", allocator="stream-aware")),
+            ("boundary", s0.with_(sync="boundary")), ("implicit", s0.with_(sync="implicit")),
+            ("rms-norm-mul", s0.with_(fusion=frozenset({"rms-norm-mul"}))),
+            ("copy-elim", s0.with_(fusion=frozenset({"copy-elim"})))]
+
+
+def device_info(cp) -> dict:
+    out = {"date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
+           "python": platform.python_version()}
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total,clocks.max.sm",
+                            "--format=csv,noheader"], capture_output=True, text=True, timeout=20).stdout.strip()
+        out["nvidia_smi"] = q
+    except Exception as e:  # pragma: no cover - informational
+        out["nvidia_smi"] = f"unavailable: {e}"
+    props = cp.cuda.runtime.getDeviceProperties(0)
+    out["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
+    out["sms"] = int(props["multiProcessorCount"])
+    out["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
+    out["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+    for mod in ("cupy", "numba", "numba_cuda", "cuda.bindings", "torch", "numpy"):
+        try:
+            m = __import__(mod, fromlist=["x"])
+            out[mod] = getattr(m, "__version__", "?")
+        except Exception:
+            out[mod] = None
+    return out
+
+
+def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 20) -> float:
+    """Device-to-device copy: (bytes read + bytes written) / time, median of ``reps``, B/s."""
+    a = cp.empty(nbytes, cp.uint8)
+    b = cp.empty(nbytes, cp.uint8)
+    a.fill(1)
+    s = cp.cuda.Stream(non_blocking=True)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    ts = []
+    for i in range(reps + 3):
+        e0.record(s)
+        cp.cuda.runtime.memcpyAsync(b.data.ptr, a.data.ptr, nbytes, 3, s.ptr)
+        e1.record(s)
+        e1.synchronize()
+        if i >= 3:
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+    del a, b
+    return 2 * nbytes / float(np.median(ts))
+
+
+def kernel_bandwidth(cp, ex, node_name: str, pos: int, reps: int = 50) -> dict:
+    """One launch of a node's kernel repeated between events: bytes of its cost model / time."""
+    b = ex.bound(ex.cfg.kv_len(pos))
+    i = next(la.index for la in b.plan.launches if la.node.name == node_name)
+    node = b.plan.launches[i].node
+    s = ex._stream(b.plan.launches[i].stream)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    for _ in range(3):
+        b.handles[i]()
+    ts = []
+    for _ in range(reps):
+        e0.record(s)
+        b.handles[i]()
+        e1.record(s)
+        e1.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
+    t = float(np.median(ts))
+    return {"node": node_name, "kernel": b.calls[i].name, "us": t * 1e6, "bytes": node.bytes,
+            "GBps": node.bytes / t / 1e9}
+
+
+def time_strategy(cfg, strategy, base, tokens: int, runs: int, start: int) -> dict:
+    """Median and spread over ``runs`` of the mean time per token of ``tokens`` steps from ``start``."""
+    from workbench.exec.cuda import CudaExecutor
+
+    ex = CudaExecutor(cfg, strategy, share=base)
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, cfg.get("vocab_size"), tokens)]
+    ex.prepare(start)
+    snap = ex.snapshot()
+    for t in ids[:4]:  # warm-up: compile, capture, caches
+        ex.step(t, start)
+    per_run = []
+    for _ in range(runs):
+        ex.restore(snap)
+        n0 = len(ex.times.start_ns)
+        for i, t in enumerate(ids):
+            ex.step(t, start + i)
+        us = (np.asarray(ex.times.end_ns[n0:]) - np.asarray(ex.times.start_ns[n0:])) / 1e3
+        per_run.append(float(us.mean()))
+    plan = ex.bound(cfg.kv_len(start)).plan
+    a = np.asarray(per_run)
+    out = {"strategy": strategy.label(), "us_per_token_median": float(np.median(a)), "us_min": float(a.min()),
+           "us_max": float(a.max()), "us_iqr": float(np.percentile(a, 75) - np.percentile(a, 25)),
+           "runs": runs, "tokens": tokens, "kernels_per_token": len(plan.launches),
+           "bytes_per_token": float(sum(n.bytes for n in plan.graph.nodes))}
+    del ex
+    return out
+
+
+# -------------------------------------------------------------------------------------------
+# PyTorch: the same Llama decode step with the same (device) weights
+# -------------------------------------------------------------------------------------------
+class TorchLlama:
+    """gpt-fast-style fp16 Llama decode step over a static KV cache, reading the workbench's
+    weight buffers (zero copy for the fp16 matrices)."""
+
+    def __init__(self, cfg, ex) -> None:
+        import torch
+
+        from workbench.models.rope import rope_params
+
+        self.torch = torch
+        self.cfg = cfg
+        g = ex.full
+
+        def w(name: str):
+            v = g.weights[name]
+            arr = ex.cp.ndarray(v.shape, {"f16": ex.cp.float16, "f32": ex.cp.float32}[v.dtype],
+                                ex._persistent_mem.data + (ex._offsets[v.buffer.name] + v.offset))
+            t = torch.as_tensor(arr, device="cuda")
+            return t.half() if t.dtype != torch.float16 else t
+
+        self.w = w
+        c = cfg.get
+        self.d, self.H, self.Hkv, self.hd = c("hidden_size"), c("num_attention_heads"), c("num_key_value_heads"), \
+            cfg.head_dim
+        self.eps, self.L, self.ctx = c("rms_norm_eps"), cfg.n_layer, cfg.context
+        self.embed = w("model.embed_tokens.weight")
+        self.lm = self.embed if c("tie_word_embeddings", False) else w("lm_head.weight")
+        self.norm = w("model.norm.weight")
+        self.layers = []
+        for il in range(self.L):
+            p = f"model.layers.{il}"
+            self.layers.append({k: w(f"{p}.{n}.weight") for k, n in (
+                ("an", "input_layernorm"), ("q", "self_attn.q_proj"), ("k", "self_attn.k_proj"),
+                ("v", "self_attn.v_proj"), ("o", "self_attn.o_proj"), ("fn", "post_attention_layernorm"),
+                ("g", "mlp.gate_proj"), ("u", "mlp.up_proj"), ("dn", "mlp.down_proj"))})
+        inv, factor = rope_params(cfg)
+        ang = torch.arange(self.ctx, device="cuda", dtype=torch.float32)[:, None] * \
+            torch.as_tensor(inv, device="cuda")[None, :]
+        self.cos = (torch.cos(ang) * factor).half()
+        self.sin = (torch.sin(ang) * factor).half()
+        self.kc = torch.zeros(self.L, 1, self.Hkv, self.ctx, self.hd, device="cuda", dtype=torch.float16)
+        self.vc = torch.zeros_like(self.kc)
+        self.ar = torch.arange(self.ctx, device="cuda")
+        self.tok = torch.zeros(1, dtype=torch.long, device="cuda")
+        self.pos = torch.zeros(1, dtype=torch.long, device="cuda")
+        self.host = torch.empty(c("vocab_size"), dtype=torch.float16, pin_memory=True)
+
+    def _rms(self, x, w):
+        xf = x.float()
+        return (xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).half() * w
+
+    def _rope(self, x):
+        half = x.shape[-1] // 2
+        cos, sin = self.cos[self.pos], self.sin[self.pos]  # [1, half]
+        x1, x2 = x[..., :half], x[..., half:]
+        return self.torch.cat([x1 * cos - x2 * sin, x2 * cos + x1 * sin], dim=-1)
+
+    def step(self):
+        torch, F = self.torch, self.torch.nn.functional
+        x = self.embed[self.tok]  # [1, d]
+        mask = torch.where(self.ar <= self.pos, 0.0, float("-inf")).half()[None, None, None, :]
+        for il, p in enumerate(self.layers):
+            h = self._rms(x, p["an"])
+            q = F.linear(h, p["q"]).view(1, self.H, 1, self.hd)
+            k = F.linear(h, p["k"]).view(1, self.Hkv, 1, self.hd)
+            v = F.linear(h, p["v"]).view(1, self.Hkv, 1, self.hd)
+            q, k = self._rope(q), self._rope(k)
+            self.kc[il].index_copy_(2, self.pos, k)
+            self.vc[il].index_copy_(2, self.pos, v)
+            a = F.scaled_dot_product_attention(q, self.kc[il], self.vc[il], attn_mask=mask, enable_gqa=True)
+            x = x + F.linear(a.reshape(1, self.H * self.hd), p["o"])
+            h = self._rms(x, p["fn"])
+            x = x + F.linear(F.silu(F.linear(h, p["g"])) * F.linear(h, p["u"]), p["dn"])
+        return F.linear(self._rms(x, self.norm), self.lm)
+
+    def run_tokens(self, ids, start: int, replay=None) -> np.ndarray:
+        """Per-token host wall time (us): inputs in, step (or graph replay), logits to pinned host, sync."""
+        torch = self.torch
+        out = []
+        for i, t in enumerate(ids):
+            t0 = time.perf_counter_ns()
+            self.tok.fill_(int(t))
+            self.pos.fill_(start + i)
+            logits = replay() if replay is not None else self.step()
+            self.host.copy_(logits.view(-1), non_blocking=True)
+            torch.cuda.synchronize()
+            out.append((time.perf_counter_ns() - t0) / 1e3)
+        return np.asarray(out)
+
+
+def time_torch(cfg, ex, tokens: int, runs: int, start: int) -> dict:
+    import torch
+
+    m = TorchLlama(cfg, ex)
+    ids = [int(t) for t in np.random.default_rng(0).integers(0, cfg.get("vocab_size"), tokens)]
+    res = {}
+    with torch.inference_mode():
+        m.run_tokens(ids[:4], start)
+        eager = [float(m.run_tokens(ids, start).mean()) for _ in range(runs)]
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            for _ in range(3):
+                m.step()
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            static_out = m.step()
+
+        def replay():
+            g.replay()
+            return static_out
+
+        m.run_tokens(ids[:4], start, replay)
+        graph = [float(m.run_tokens(ids, start, replay).mean()) for _ in range(runs)]
+    for name, a in (("torch-eager", eager), ("torch-cudagraph", graph)):
+        a = np.asarray(a)
+        res[name] = {"strategy": name, "us_per_token_median": float(np.median(a)), "us_min": float(a.min()),
+                     "us_max": float(a.max()), "us_iqr": float(np.percentile(a, 75) - np.percentile(a, 25)),
+                     "runs": runs, "tokens": tokens}
+    del m
+    torch.cuda.empty_cache()
+    return res
+
+
+def speedups(rows: dict, base: str) -> None:
+    for r in rows.values():
+        r["speedup_vs_" + base] = rows[base]["us_per_token_median"] / r["us_per_token_median"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--runs", type=int, default=10)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--out", default=str(ROOT / "data" / "bench" / "gpu_decode.json"))
+    ap.add_argument("--next-layers", type=int, default=8)
+    ap.add_argument("--skip", default="", help="comma list of parts to skip: llama,torch,next,alone")
+    ap.add_argument("--llama", default="llama-3.2-1b", help=argparse.SUPPRESS)  # smoke tests: a tiny preset
+    ap.add_argument("--next", default="qwen3-next-80b-a3b", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    skip = set(filter(None, args.skip.split(",")))
+
+    import cupy as cp
+
+    from workbench.exec.cuda import CudaExecutor
+
+    result: dict = {"device": device_info(cp), "runs": args.runs, "tokens": args.tokens}
+    bw = copy_bandwidth(cp)
+    result["copy_bandwidth_GBps"] = bw / 1e9
+    print(f"device {result['device']['gpu']}  D2D copy {bw / 1e9:.0f} GB/s (read + write)", flush=True)
+    start = 512 - args.tokens  # steps start..511 attend over 512 KV rows
+
+    def save() -> None:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(json.dumps(result, indent=1))
+
+    if "llama" not in skip:
+        cfg = preset(args.llama, context=512)
+        t0 = time.time()
+        base = CudaExecutor(cfg, Strategy(), weights="device")
+        print(f"{cfg.name} weights on the GPU in {time.time() - t0:.1f} s", flush=True)
+        rows: dict = {}
+        for name, st in stack() + ([] if "alone" in skip else alone()):
+            rows[name] = time_strategy(cfg, st, base, args.tokens, args.runs, start)
+            print(f"  {name:14s} {rows[name]['us_per_token_median']:8.1f} us/token "
+                  f"[{rows[name]['us_min']:.1f}, {rows[name]['us_max']:.1f}]", flush=True)
+            result[cfg.name] = rows
+            save()
+        speedups(rows, "default")
+        graph_bytes = build_graph(cfg, 512)
+        nbytes = float(sum(n.bytes for n in graph_bytes.nodes))
+        best_name = min(rows, key=lambda k: rows[k]["us_per_token_median"])
+        best = rows[best_name]["us_per_token_median"]
+        floor_us = nbytes / bw * 1e6
+        result["llama_floor"] = {"bytes_per_token": nbytes, "floor_us": floor_us, "best": best_name,
+                                 "best_us": best, "fraction_of_floor": floor_us / best}
+        pre = CudaExecutor(cfg, Strategy(), share=base)
+        result["llama_kernels"] = [kernel_bandwidth(cp, pre, n, start) for n in
+                                   ("result_output", "ffn_gate-0", "ffn_out-0", "Qcur-0", "Kcur-0", "kqv_out-0")]
+        del pre
+        print(f"  floor {floor_us:.1f} us/token ({nbytes / 1e9:.3f} GB at {bw / 1e9:.0f} GB/s); best {best_name} "
+              f"{best:.1f} us = {100 * floor_us / best:.1f} % of the floor", flush=True)
+        for k in result["llama_kernels"]:
+            print(f"  kernel {k['node']:14s} {k['kernel']:24s} {k['us']:8.1f} us {k['GBps']:7.0f} GB/s", flush=True)
+        save()
+        if "torch" not in skip:
+            try:
+                tr = time_torch(cfg, base, args.tokens, args.runs, start)
+                rows.update(tr)
+                speedups(rows, "default")
+                result["torch_vs_best"] = best / tr["torch-cudagraph"]["us_per_token_median"]
+                for k, r in tr.items():
+                    print(f"  {k:16s} {r['us_per_token_median']:8.1f} us/token [{r['us_min']:.1f}, {r['us_max']:.1f}]",
+                          flush=True)
+                print(f"  workbench best / torch CUDA graph = {result['torch_vs_best']:.3f}", flush=True)
+            except Exception as e:  # report, keep the rest
+                result["torch_error"] = f"{type(e).__name__}: {e}"
+                print("torch part failed:", result["torch_error"], flush=True)
+            save()
+        del base
+        cp.get_default_memory_pool().free_all_blocks()
+
+    if "next" not in skip:
+        cfg = preset(args.next, layers=args.next_layers, context=512)
+        t0 = time.time()
+        base = CudaExecutor(cfg, Strategy(), weights="device")
+        print(f"{cfg.name} --layers {args.next_layers} weights on the GPU in {time.time() - t0:.1f} s",
+              flush=True)
+        rows = {}
+        extra = [("copy-elim", Strategy(fusion=frozenset({"copy-elim"})))]
+        for name, st in stack() + extra:
+            rows[name] = time_strategy(cfg, st, base, args.tokens, args.runs, start)
+            print(f"  {name:14s} {rows[name]['us_per_token_median']:8.1f} us/token "
+                  f"[{rows[name]['us_min']:.1f}, {rows[name]['us_max']:.1f}]", flush=True)
+            result[f"{cfg.name}-L{args.next_layers}"] = rows
+            save()
+        speedups(rows, "default")
+        save()
+        del base
+    result["seed_ranges"] = SEED_RANGES
+    save()
+    print("wrote", args.out, flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("PYTHONUNBUFFERED", "1")
+    sys.exit(main())

@@ -1,0 +1,96 @@
+"""Models, weights and reference logits shared by the GPU tests (computed once per session).
+
+Why the tolerance is 2e-2 (max |gpu - ref| / max |ref| over a token's logits): both executors
+use the same fp16 weights and fp16 KV cache and compute in fp32, so they differ only by fp32
+summation order (mat-vec over up to 8192 terms, split-context attention, block reductions:
+relative ~1e-6 per op) and by where an fp16 rounding of a K/V cache entry then lands on the
+other side of a half-ulp (relative 2^-11 ~ 4.9e-4 per affected entry). Through a few layers,
+RMS norms and the lm_head such flips stay below ~1e-3 of the largest logit on these models
+(the measured errors are recorded in data/bench/gpu_correctness.json); 2e-2 leaves an order of
+magnitude of margin while a wrong index, a missed stride or a race (errors of order 1) fails.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass
+from functools import cache
+
+import numpy as np
+
+from workbench.exec.reference import run_reference
+from workbench.models import ModelConfig, build_graph, preset
+from workbench.models.weights import random_weights
+
+TOL = 2e-2
+#: decode from here: steps 254, 255 (256 KV rows) then 256 (512 rows): every run crosses a KV
+#: length boundary, so graphs re-capture and eager re-binds inside each test
+START = 254
+N_TOKENS = 3
+
+#: test model id -> (preset, overrides)
+MODELS = {
+    "llama-tiny": ("llama-tiny", {}),
+    "qwen3-tiny": ("qwen3-tiny", {}),
+    "qwen3-moe-tiny": ("qwen3-moe-tiny", {}),
+    "gpt-oss-tiny": ("gpt-oss-tiny", {}),
+    "qwen3-next-tiny": ("qwen3-next-tiny", {}),
+    "llama-3.2-1b-L2": ("llama-3.2-1b", {"layers": 2}),
+}
+TINY = tuple(m for m in MODELS if m.endswith("tiny"))
+
+
+@dataclass
+class Case:
+    name: str
+    cfg: ModelConfig
+    weights: dict[str, np.ndarray]
+    tokens: list[int]
+    ref: np.ndarray  # [N_TOKENS, vocab] reference logits from START
+
+
+@cache
+def model_case(name: str) -> Case:
+    base, over = MODELS[name]
+    cfg = preset(base, **over)
+    weights = random_weights(build_graph(cfg), 0)
+    tokens = [int(t) for t in np.random.default_rng(1).integers(0, cfg.get("vocab_size"), N_TOKENS + 1)]
+    ref = run_reference(cfg, weights, tokens[:N_TOKENS], start_pos=START).logits
+    return Case(name, cfg, weights, tokens, ref)
+
+
+_BASE: dict[str, object] = {}
+
+
+def executor(case: Case, strategy, kernels: str = "cupy"):
+    """A CudaExecutor for ``strategy`` sharing the case's device weights (caches zeroed)."""
+    from workbench.exec.cuda import CudaExecutor
+    from workbench.strategy import Strategy
+
+    base = _BASE.get(case.name)
+    if base is None:
+        base = _BASE[case.name] = CudaExecutor(case.cfg, Strategy(), case.weights)
+    return CudaExecutor(case.cfg, strategy, kernels=kernels, share=base)
+
+
+def rel_err(got: np.ndarray, ref: np.ndarray) -> float:
+    """Max over tokens of max |got - ref| / max |ref| (inf when anything is not finite)."""
+    got, ref = np.atleast_2d(got), np.atleast_2d(ref)
+    if not np.isfinite(got).all():
+        return float("inf")
+    return float(max(np.abs(g - r).max() / np.abs(r).max() for g, r in zip(got, ref)))
+
+
+RESULTS: list[dict] = []
+
+
+def record(**row) -> None:
+    RESULTS.append(row)
+
+
+def dump(path: str | None = None) -> None:
+    path = path or os.environ.get("WORKBENCH_GPU_RESULTS")
+    if path and RESULTS:
+        with open(path, "w") as f:
+            json.dump(RESULTS, f, indent=0)
