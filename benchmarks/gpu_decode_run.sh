@@ -14,16 +14,16 @@ nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv | tee "$OUT
 python3 -c "import cupy, numba, cuda.bindings, torch; print('cupy', cupy.__version__, 'numba', numba.__version__, 'cuda.bindings', cuda.bindings.__version__, 'torch', torch.__version__)" 2>&1 | tee -a "$OUT/versions.log"
 has() { [[ ",$STAGES," == *",$1,"* ]]; }
 if has nodes; then
-  WORKBENCH_GPU_RESULTS=$OUT/nodes.json timeout 150 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_nodes.py 2>&1 | tail -60 > "$OUT/nodes.log"; tail -30 "$OUT/nodes.log"
+  WORKBENCH_GPU_RESULTS=$OUT/nodes.jsonl timeout ${NODES_TIMEOUT:-120} python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_nodes.py > "$OUT/nodes.log" 2>&1; tail -30 "$OUT/nodes.log"
 fi
 if has errors; then
-  timeout 90 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_errors.py 2>&1 | tail -30 | tee "$OUT/errors.log"
+  timeout 60 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cuda_errors.py 2>&1 | tail -30 | tee "$OUT/errors.log"
 fi
 if has bench; then
-  timeout ${BENCH_TIMEOUT:-260} python3 benchmarks/gpu_decode.py --out "$OUT/gpu_decode.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  timeout ${BENCH_TIMEOUT:-200} python3 benchmarks/gpu_decode.py --out "$OUT/gpu_decode.json" ${BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
 fi
 if has matrix; then
-  WORKBENCH_GPU_RESULTS=$OUT/matrix.json timeout ${MATRIX_TIMEOUT:-230} python3 -m pytest -q -p no:cacheprovider \
-    tests/gpu/test_cuda_matrix.py --maxfail=${MAXFAIL:-25} ${KEXPR:+-k "$KEXPR"} 2>&1 | tail -40 > "$OUT/matrix.log"
+  WORKBENCH_GPU_RESULTS=$OUT/matrix.jsonl timeout ${MATRIX_TIMEOUT:-180} python3 -m pytest -q -p no:cacheprovider \
+    tests/gpu/test_cuda_matrix.py --maxfail=${MAXFAIL:-25} ${KEXPR:+-k "$KEXPR"} > "$OUT/matrix.log" 2>&1
   tail -25 "$OUT/matrix.log"
 fi

@@ -30,11 +30,3 @@ def pytest_collection_modifyitems(config, items):
             if why:
                 item.add_marker(pytest.mark.skip(reason=f"gpu test: {why}"))
 
-
-@pytest.fixture(scope="session", autouse=True)
-def _gpu_results():
-    """Write the measured errors of the session to $WORKBENCH_GPU_RESULTS (if set)."""
-    yield
-    import gpu_cases
-
-    gpu_cases.dump()

@@ -86,11 +86,10 @@ RESULTS: list[dict] = []
 
 
 def record(**row) -> None:
+    """Keep a measured row; with $WORKBENCH_GPU_RESULTS set, also append it there as a JSON line
+    (so a run cut short by a time limit still leaves its numbers)."""
     RESULTS.append(row)
-
-
-def dump(path: str | None = None) -> None:
-    path = path or os.environ.get("WORKBENCH_GPU_RESULTS")
-    if path and RESULTS:
-        with open(path, "w") as f:
-            json.dump(RESULTS, f, indent=0)
+    path = os.environ.get("WORKBENCH_GPU_RESULTS")
+    if path:
+        with open(path, "a") as f:
+            f.write(json.dumps(row) + "\n")
