@@ -87,11 +87,13 @@ class ControlPanel:
     def __init__(self, model: str = "llama-3.2-1b", *, layers: int | None = None, context: int = 512,
                  position: int = 0, tokens: int = 8, backend: str | None = None, gpu: str = "h100",
                  host: str | None = None, strategy: Strategy | None = None, auto: bool = False,
-                 race_check: bool = True, history_size: int = 8, out_dir: str | Path = "exports") -> None:
+                 race_check: bool = True, history_size: int = 8, out_dir: str | Path = "exports",
+                 figure_width: int = 1150) -> None:
         self.history: deque[Entry] = deque(maxlen=history_size)
         self.baseline: Entry | None = None
         self.shown: Entry | None = None
         self.out_dir = Path(out_dir)
+        self.figure_width = figure_width
         self.last_error: str | None = None
         self._n = 0
         self._quiet = 0
@@ -123,13 +125,13 @@ class ControlPanel:
         self.host = W.Dropdown(options=[], description="host profile", style=style, layout=wide)
         self._fill_hosts(host)
         # -- strategy ----------------------------------------------------------------------
-        self.sync = W.ToggleButtons(options=list(SYNC_MODES), description="sync", style={"button_width": "78px"})
-        self.graphs = W.Checkbox(description="CUDA graphs", indent=False)
+        self.sync = W.ToggleButtons(options=list(SYNC_MODES), description="sync", style={"button_width": "92px"})
+        self.graphs = W.Checkbox(description="CUDA graphs", indent=False, layout=W.Layout(width="120px"))
         self.streams = W.ToggleButtons(options=list(STREAM_MODES), description="streams",
                                        style={"button_width": "62px"})
         self.max_streams = W.BoundedIntText(value=4, min=1, max=16, description="max streams", style=style,
                                             layout=W.Layout(width="160px"))
-        self.pdl = W.Checkbox(description="PDL", indent=False)
+        self.pdl = W.Checkbox(description="PDL", indent=False, layout=W.Layout(width="70px"))
         self.pdl_wait = W.Dropdown(options=list(PDL_WAITS), description="wait", style={"description_width": "40px"},
                                    layout=W.Layout(width="170px"))
         self.pdl_trigger = W.Dropdown(options=list(PDL_TRIGGERS), description="trigger",
@@ -304,7 +306,7 @@ class ControlPanel:
         """Show ``entry`` (any run of the history): timeline, comparison, stats, races."""
         self.shown = entry
         title = f"{entry.label} · {entry.run.device}"
-        fig = timeline_widget(timeline(entry.run.trace, title=title))
+        fig = timeline_widget(timeline(entry.run.trace, title=title).update_layout(width=self.figure_width))
         old, self.figure = self.figure, fig
         self.timeline_box.children = (fig,)
         if old is not None:
@@ -360,8 +362,8 @@ class ControlPanel:
         runs = {f"baseline {base.label}": base.run.trace, cur.label: cur.run.trace}
         common = sorted(set(base.run.trace.tokens()) & set(cur.run.trace.tokens()))
         align = common[1] if len(common) > 1 else (common[0] if common else 0)
-        fig = go.FigureWidget(compare(runs, align_token=align,
-                                       title=f"steady-state speedup {self.speedup(cur):.3f}x"))
+        fig = go.FigureWidget(compare(runs, align_token=align, title=f"steady-state speedup {self.speedup(cur):.3f}x")
+                              .update_layout(width=self.figure_width))
         old, self.compare_figure = self.compare_figure, fig
         self.compare_box.children = (fig,)
         if old is not None:
