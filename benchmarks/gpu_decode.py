@@ -109,25 +109,42 @@ def copy_bandwidth(cp, nbytes: int = 2 << 30, reps: int = 20) -> float:
     return 2 * nbytes / float(np.median(ts))
 
 
-def kernel_bandwidth(cp, ex, node_name: str, pos: int, reps: int = 50) -> dict:
-    """One launch of a node's kernel repeated between events: bytes of its cost model / time."""
+def kernel_times(cp, ex, pos: int, names: list[str], reps: int = 20) -> list[dict]:
+    """Device time of each named node's kernel: ``reps`` back-to-back launches captured in one
+    CUDA graph, replayed between events (no host launch cost inside the interval)."""
     b = ex.bound(ex.cfg.kv_len(pos))
-    i = next(la.index for la in b.plan.launches if la.node.name == node_name)
-    node = b.plan.launches[i].node
-    s = ex._stream(b.plan.launches[i].stream)
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-    for _ in range(3):
-        b.handles[i]()
-    ts = []
-    for _ in range(reps):
-        e0.record(s)
-        b.handles[i]()
-        e1.record(s)
-        e1.synchronize()
-        ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3)
-    t = float(np.median(ts))
-    return {"node": node_name, "kernel": b.calls[i].name, "us": t * 1e6, "bytes": node.bytes,
-            "GBps": node.bytes / t / 1e9}
+    out = []
+    for name in names:
+        i = next((la.index for la in b.plan.launches if la.node.name == name), None)
+        if i is None:
+            continue
+        node = b.plan.launches[i].node
+        s = ex._stream(b.plan.launches[i].stream)
+        s.begin_capture()
+        try:
+            for _ in range(reps):
+                b.handles[i]()
+        finally:
+            g = s.end_capture()
+        g.upload(s)
+        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+        ts = []
+        for _ in range(7):
+            e0.record(s)
+            g.launch(s)
+            e1.record(s)
+            e1.synchronize()
+            ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3 / reps)
+        t = float(np.median(ts[2:]))
+        out.append({"node": name, "op": node.op, "kernel": b.calls[i].name, "grid": list(b.calls[i].grid),
+                    "us": t * 1e6, "bytes": node.bytes, "GBps": node.bytes / t / 1e9})
+    return out
+
+
+LLAMA_LAYER_NODES = ["attn_norm-0_rms", "attn_norm-0", "Qcur-0", "Kcur-0", "Vcur-0", "Qcur_rope-0", "Kcur_rope-0",
+                     "k_cache_store-0", "v_cache_store-0", "kqv_out-0", "attn_out-0", "ffn_inp-0", "ffn_norm-0_rms",
+                     "ffn_norm-0", "ffn_gate-0", "ffn_up-0", "ffn_swiglu-0", "ffn_out-0", "l_out-0"]
+HEAD_NODES = ["inp_embd", "result_norm_rms", "result_norm", "result_output"]
 
 
 def time_strategy(cfg, strategy, base, tokens: int, runs: int, start: int) -> dict:
@@ -338,13 +355,19 @@ def main(argv=None) -> int:
         result["llama_floor"] = {"bytes_per_token": nbytes, "floor_us": floor_us, "best": best_name,
                                  "best_us": best, "fraction_of_floor": floor_us / best}
         pre = CudaExecutor(cfg, Strategy(), share=base)
-        result["llama_kernels"] = [kernel_bandwidth(cp, pre, n, start) for n in
-                                   ("result_output", "ffn_gate-0", "ffn_out-0", "Qcur-0", "Kcur-0", "kqv_out-0")]
+        kt = kernel_times(cp, pre, start, LLAMA_LAYER_NODES + HEAD_NODES)
+        layer_us = sum(k["us"] for k in kt if k["node"] in LLAMA_LAYER_NODES)
+        head_us = sum(k["us"] for k in kt if k["node"] in HEAD_NODES)
+        result["llama_kernels"] = kt
+        result["llama_kernel_sum_us"] = {"layer": layer_us, "head": head_us,
+                                         "token": layer_us * cfg.n_layer + head_us}
         del pre
         print(f"  floor {floor_us:.1f} us/token ({nbytes / 1e9:.3f} GB at {bw / 1e9:.0f} GB/s); best {best_name} "
               f"{best:.1f} us = {100 * floor_us / best:.1f} % of the floor", flush=True)
-        for k in result["llama_kernels"]:
-            print(f"  kernel {k['node']:14s} {k['kernel']:24s} {k['us']:8.1f} us {k['GBps']:7.0f} GB/s", flush=True)
+        for k in kt:
+            print(f"  kernel {k['node']:16s} {k['kernel']:26s} {k['us']:8.2f} us {k['GBps']:7.0f} GB/s", flush=True)
+        print(f"  kernels alone: {layer_us:.1f} us per layer, {head_us:.1f} us head, "
+              f"{layer_us * cfg.n_layer + head_us:.1f} us per token", flush=True)
         save()
         if "torch" not in skip:
             try:

@@ -127,6 +127,176 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
     PDL_TRIGGER(end);
 }
 
+// Merge this block's partial (m, l, acc[D] in shared memory) into the workspace; the last
+// block of head h merges all S partials in a fixed order and writes the output.
+__device__ __forceinline__ void fa_merge(TV& d, float m_blk, float l_blk, const float* acc_blk, int D, int h,
+                                         int sidx, int S, float sink, int has_sinks, float* ws, int* tickets) {
+    __shared__ int last;
+    const int tid = threadIdx.x;
+    float* part = ws + ((i64)h * S + sidx) * (D + 2);
+    for (int j = tid; j < D; j += blockDim.x) part[2 + j] = acc_blk[j];
+    if (tid == 0) {
+        part[0] = m_blk;
+        part[1] = l_blk;
+    }
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) last = atomicAdd(&tickets[h], 1) == S - 1;
+    __syncthreads();
+    if (!last) return;
+    __threadfence();
+    const volatile float* base = ws + (i64)h * S * (D + 2);
+    float Mg = has_sinks ? sink : -WB_INF;
+    for (int s = 0; s < S; ++s) Mg = fmaxf(Mg, base[(i64)s * (D + 2)]);
+    float Lg = has_sinks ? expf(sink - Mg) : 0.0f;
+    for (int s = 0; s < S; ++s) {
+        const float ms = base[(i64)s * (D + 2)];
+        if (ms != -WB_INF) Lg += base[(i64)s * (D + 2) + 1] * expf(ms - Mg);
+    }
+    const float inv = 1.0f / Lg;
+    for (int j = tid; j < D; j += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < S; ++s) {
+            const float ms = base[(i64)s * (D + 2)];
+            if (ms != -WB_INF) a += base[(i64)s * (D + 2) + 2 + j] * expf(ms - Mg);
+        }
+        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
+    }
+    if (tid == 0) tickets[h] = 0;
+}
+
+// The vectorized variant (the one decode steps use): keys are read as 16-byte pieces, LPK lanes
+// per key (a K or V row of D elements is P = D * itemsize / 16 pieces, P <= 32), so a warp reads
+// 32 / LPK rows per instruction, coalesced per row, and every K and V load of the block is issued
+// up front (FAV_STEPS steps of FAV_WARPS * KPW keys) before any of it is used. Scores are reduced
+// over the LPK lanes of a key, softmax statistics over the block, V accumulated per lane and
+// reduced over the keys of the warp and the warps of the block. grid = (H, S); chunk = keys per
+// block = FAV_WARPS * KPW * steps (host: S = ceil(n_kv / chunk)); block = 32 * FAV_WARPS.
+#define FAV_WARPS 4
+#define FAV_STEPS 8
+
+struct alignas(16) fa_u4 { u32 x, y, z, w; };
+
+__device__ __forceinline__ fa_u4 fa_ld16(const char* p) {
+    fa_u4 v;
+    asm volatile("ld.global.v4.u32 {%0, %1, %2, %3}, [%4];" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+// element e of a 16-byte piece as float
+template <int KDT>
+__device__ __forceinline__ float fa_el(const fa_u4& v, int e) {
+    u32 word;
+    if (KDT == DT_F32) {
+        word = e == 0 ? v.x : e == 1 ? v.y : e == 2 ? v.z : v.w;
+        return __uint_as_float(word);
+    }
+    const int wi = e >> 1;
+    word = wi == 0 ? v.x : wi == 1 ? v.y : wi == 2 ? v.z : v.w;
+    const u16 h = (e & 1) ? (u16)(word >> 16) : (u16)(word & 0xffffu);
+    return KDT == DT_F16 ? h2f(h) : bf2f(h);
+}
+
+template <int KDT>
+__device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
+                                                      int has_sinks, float* ws, int* tickets, int steps) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int EPL = KDT == DT_F32 ? 4 : 8;  // elements per 16-byte piece
+    __shared__ float qs[FA_MAXD];
+    __shared__ float red[FAV_WARPS];
+    __shared__ float accs[FAV_WARPS][FA_MAXD];
+    __shared__ float acc_blk[FA_MAXD];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int h = blockIdx.x, sidx = blockIdx.y, S = gridDim.y;
+    const int H = q.n[2], D = q.n[3], n_kv = k.n[1], Hkv = k.n[2];
+    const int P = D / EPL, LPK = P, KPW = 32 / LPK;  // host: P is a power of two <= 32
+    const int sub = lane / LPK, pl = lane % LPK;
+    const int g = h / (H / Hkv);
+    const int chunk = FAV_WARPS * KPW * steps;
+    const int t0 = sidx * chunk;
+    const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) : 0.0f;  // a weight
+    const char* qr = q.p + (i64)h * q.s[2];
+    const char* kb = k.p + (i64)g * k.s[2] + (i64)pl * 16;
+    const char* vb = v.p + (i64)g * v.s[2] + (i64)pl * 16;
+    PDL_WAIT(first_read);
+    const float q0 = tid < D ? ldf_v(qr + (i64)tid * q.s[3], q.dt) : 0.0f;
+    PDL_WAIT(late);
+    fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
+#pragma unroll
+    for (int st = 0; st < FAV_STEPS; ++st) {
+        const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
+        const bool ok = st < steps && t < n_kv && pl < P;
+        kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+        vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+    }
+    for (int j = tid; j < D; j += blockDim.x) qs[j] = j == tid ? q0 : ldf(qr + (i64)j * q.s[3], q.dt);
+    __syncthreads();
+    float qp[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) qp[e] = qs[pl * EPL + e];
+    // scores of this lane group's keys
+    float sc[FAV_STEPS];
+    float m = -WB_INF;
+#pragma unroll
+    for (int st = 0; st < FAV_STEPS; ++st) {
+        const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
+        float p = 0.0f;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) p = fmaf(qp[e], fa_el<KDT>(kv[st], e), p);
+        for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+        const bool ok = st < steps && t < n_kv;
+        const float mk = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
+        sc[st] = (ok && mk != -WB_INF) ? p * scale + mk : -WB_INF;
+        m = fmaxf(m, sc[st]);
+    }
+    PDL_TRIGGER(after_main_loop);
+    // block max
+    m = warp_max(m);
+    if (lane == 0) red[warp] = m;
+    __syncthreads();
+    m = -WB_INF;
+    for (int w = 0; w < FAV_WARPS; ++w) m = fmaxf(m, red[w]);
+    __syncthreads();
+    // weights, their sum (one lane per key), and the lane's share of P.V
+    float l = 0.0f, acc[EPL];
+#pragma unroll
+    for (int e = 0; e < EPL; ++e) acc[e] = 0.0f;
+#pragma unroll
+    for (int st = 0; st < FAV_STEPS; ++st) {
+        const float p = (m == -WB_INF || sc[st] == -WB_INF) ? 0.0f : expf(sc[st] - m);
+        if (pl == 0) l += p;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] = fmaf(p, fa_el<KDT>(vv[st], e), acc[e]);
+    }
+    l = warp_sum(l);
+    if (lane == 0) red[warp] = l;
+    // reduce acc over the key slots of the warp (lanes with the same piece)
+    for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+    if (sub == 0)
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) accs[warp][pl * EPL + e] = acc[e];
+    __syncthreads();
+    float l_blk = 0.0f;
+    for (int w = 0; w < FAV_WARPS; ++w) l_blk += red[w];
+    for (int j = tid; j < D; j += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < FAV_WARPS; ++w) a += accs[w][j];
+        acc_blk[j] = a;
+    }
+    __syncthreads();
+    fa_merge(d, m, l_blk, acc_blk, D, h, sidx, S, sink, has_sinks, ws, tickets);
+    PDL_TRIGGER(end);
+}
+
+#define FAV_ARGS TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale, int has_sinks, float *ws, int *tickets, int steps
+#define FAV_PASS d, q, k, v, mask, sinks, scale, has_sinks, ws, tickets, steps
+extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_f16(FAV_ARGS) { flash_attn_decode_vec<DT_F16>(FAV_PASS); }
+extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_bf16(FAV_ARGS) { flash_attn_decode_vec<DT_BF16>(FAV_PASS); }
+extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_f32(FAV_ARGS) { flash_attn_decode_vec<DT_F32>(FAV_PASS); }
+
 #define FA_ARGS TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale, int has_sinks, float *ws, int *tickets
 #define FA_PASS d, q, k, v, mask, sinks, scale, has_sinks, ws, tickets
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_f16(FA_ARGS) { flash_attn_decode<DT_F16>(FA_PASS); }

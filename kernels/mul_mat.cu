@@ -15,7 +15,9 @@
 #include "common.cuh"
 
 #define MMV_WARPS 8
+#ifndef MMV_UNROLL
 #define MMV_UNROLL 4
+#endif
 
 struct alignas(16) u32x4 { u32 x, y, z, w; };
 struct alignas(16) f32x4 { float x, y, z, w; };
@@ -143,6 +145,83 @@ extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_bf16(TV d, TV w,
 }
 extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_f32(TV d, TV w, TV x, int splits) {
     mmv<DT_F32>(d, w, x, splits);
+}
+
+// Row-streaming variant for tall matrices: each warp owns rows r = gw, gw + W, ... (W = warps in
+// the grid, sized by the host to one resident wave) and streams all their 16-byte vectors as
+// one pipelined sequence (item t = row t / J, vector lane + 32 * (t % J)), so loads stay in
+// flight across row boundaries instead of every row paying a block's ramp and tail.
+template <int WDT>
+__device__ __forceinline__ const char* w_row(const TV& w, int row) {
+    return w.p + (w.n[0] * w.n[1] == 1 ? (i64)row * w.s[2] : tv_row_off(w, w.n, row));
+}
+
+template <int WDT>
+__device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int gw = blockIdx.x * MMV_WARPS + warp, W = gridDim.x * MMV_WARPS;
+    const int m = blockIdx.y, N = tv_rows(w), K = w.n[3], nvec = K / VEC, J = (nvec + 31) / 32;
+    int R = 0;  // rows of this warp
+    while (R < rows_per_warp && gw + R * W < N) ++R;
+    const int T = R * J;
+    u32x4 cur[MMV_UNROLL] = {};
+    int ii = 0, jj = 0;  // issue side: next item to load
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) {  // weights: independent of earlier kernels
+        if (u < T) {
+            const int v = lane + 32 * jj;
+            if (v < nvec) cur[u] = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
+            if (++jj == J) { jj = 0; ++ii; }
+        }
+    }
+    PDL_WAIT(first_read);
+    const float* xr = (const float*)(x.p + tv_row_off(x, x.n, m));
+    const float x0 = ldf_v((const char*)xr, DT_F32);
+    PDL_WAIT(late);
+    float acc = 0.0f * x0;
+    int ci = 0, cj = 0;  // consume side
+    for (int t0 = 0; t0 < T; t0 += MMV_UNROLL) {
+        u32x4 nxt[MMV_UNROLL] = {};
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            if (t0 + MMV_UNROLL + u < T) {
+                const int v = lane + 32 * jj;
+                if (v < nvec) nxt[u] = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
+                if (++jj == J) { jj = 0; ++ii; }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            if (t0 + u < T) {
+                const int v = lane + 32 * cj;
+                if (v < nvec) acc = dot16<WDT>(cur[u], xr + (i64)v * VEC, acc);
+                if (++cj == J) {
+                    const float sum = warp_sum(acc);
+                    if (lane == 0) stf(d.p + tv_off(d, d.n, m * N + gw + ci * W), d.dt, sum);
+                    acc = 0.0f;
+                    cj = 0;
+                    ++ci;
+                }
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) cur[u] = nxt[u];
+    }
+    PDL_TRIGGER(after_main_loop);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_rows_f16(TV d, TV w, TV x, int rows_per_warp) {
+    mmv_rows<DT_F16>(d, w, x, rows_per_warp);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_rows_bf16(TV d, TV w, TV x, int rows_per_warp) {
+    mmv_rows<DT_BF16>(d, w, x, rows_per_warp);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_rows_f32(TV d, TV w, TV x, int rows_per_warp) {
+    mmv_rows<DT_F32>(d, w, x, rows_per_warp);
 }
 
 // MUL_MAT_ID: d[i] = w[ids[i]] @ x[i or 0]: w [E, N, K] on TV axes 1..3, ids on axis 3, d flat

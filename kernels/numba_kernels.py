@@ -15,7 +15,14 @@ from __future__ import annotations
 
 import math
 
-from numba import cuda, float32
+import numpy as np
+
+if not hasattr(np, "row_stack"):  # numba-cuda 0.30 registers an overload of np.row_stack (gone in NumPy 2.5)
+    np.row_stack = np.vstack
+
+from numba import config, cuda, float32  # noqa: E402
+
+config.CUDA_LOW_OCCUPANCY_WARNINGS = 0  # the decode step's tensors are small by nature
 
 #: threads per block of the row kernels (size of their shared-memory reduction)
 NORM_THREADS = 128

@@ -75,8 +75,8 @@ def test_every_node_binds(name, strategy):
         assert any(re.search(rf"\b{k}\(", text) for text in src.values()), f"{k} is not defined in kernels/"
 
 
-def test_full_size_matvec_takes_the_vector_kernel():
-    """llama-3.2-1b's projections are the hot path: 16-byte aligned rows, the vector kernel."""
+def test_full_size_hot_kernels_are_the_vector_ones():
+    """llama-3.2-1b's projections and attention are the hot path: 16-byte aligned rows, the vector kernels."""
     cfg = preset("llama-3.2-1b", layers=1)
     plan = compile_plan(build_graph(cfg, 512), Strategy())
     space_addr = {}
@@ -86,8 +86,8 @@ def test_full_size_matvec_takes_the_vector_kernel():
         top += -(-b.nbytes // 256) * 256
     names = {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset,
                                          lambda k, n: 0).name
-             for la in plan.launches if la.node.op == "MUL_MAT"}
-    assert set(names.values()) == {"k_mul_mat_vec_f16"}, names
+             for la in plan.launches if la.node.op in ("MUL_MAT", "FLASH_ATTN_EXT")}
+    assert set(names.values()) == {"k_mul_mat_vec_f16", "k_flash_attn_ext_vec_f16"}, names
 
 
 def test_attention_split_algorithm_matches_reference():
@@ -99,10 +99,10 @@ def test_attention_split_algorithm_matches_reference():
     v = rng.standard_normal((n_kv, Hkv, D)).astype(np.float32)
     mask = np.where(np.arange(n_kv) <= pos, 0.0, -np.inf).astype(np.float32)
     sinks = rng.standard_normal(H).astype(np.float32)
-    for sk in (None, sinks):
-        S = cuda_ops.attn_splits(H, n_kv)
+    steps, vec_chunk = cuda_ops.attn_vec_chunk(D, 2)
+    for sk, chunk in ((None, -(-n_kv // cuda_ops.attn_splits(H, n_kv))), (sinks, vec_chunk), (None, 7)):
+        S = -(-n_kv // chunk)
         assert S > 1
-        chunk = -(-n_kv // S)
         out = np.zeros((H, D), np.float32)
         for h in range(H):
             g = h // (H // Hkv)

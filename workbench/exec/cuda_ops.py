@@ -366,14 +366,26 @@ def _mul_mat_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 
 
 def attn_splits(n_head: int, n_kv: int) -> int:
-    """Context chunks per head: about FA_TARGET_BLOCKS blocks, chunks of at least 32 keys."""
+    """Context chunks per head of the generic kernel: about FA_TARGET_BLOCKS blocks, chunks of at
+    least 32 keys."""
     return max(1, min(ceil(FA_TARGET_BLOCKS / n_head), max(1, n_kv // 32)))
 
 
-def attn_workspace_bytes(n_head: int, head_dim: int) -> int:
-    """Partials for the largest split plus one ticket per head (independent of n_kv, so a
-    node's workspace never moves when the context grows)."""
-    return n_head * ceil(FA_TARGET_BLOCKS / n_head) * (head_dim + 2) * 4 + n_head * 4
+def attn_vec_chunk(head_dim: int, itemsize: int) -> tuple[int, int] | None:
+    """(steps, keys per block) of the vectorized kernel, or None when a K/V row is not a power of
+    two of 16-byte pieces up to 32 (kernels/attn.cu FAV_*): about 64 keys per block."""
+    if (head_dim * itemsize) % 16:
+        return None
+    pieces = head_dim * itemsize // 16
+    if pieces > 32 or pieces & (pieces - 1):
+        return None
+    per_step = 4 * (32 // pieces)
+    steps = max(1, min(8, ceil(64 / per_step)))
+    return steps, per_step * steps
+
+
+def _rows16(v: View, a: Arg) -> bool:
+    return a.ptr % 16 == 0 and v.strides[-1] == v.itemsize and all(s % 16 == 0 for s in v.strides[:-1])
 
 
 def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
@@ -387,13 +399,21 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     if D > FA_MAXD or H % Hkv or k.dtype != v.dtype:
         raise BindError(f"{node.name}: head_dim {D} (max {FA_MAXD}), {H} heads over {Hkv} KV heads, "
                         f"K {k.dtype} / V {v.dtype}")
-    S = attn_splits(H, n_kv)
-    base = workspace(node.name, attn_workspace_bytes(H, D))
-    tickets = base + attn_workspace_bytes(H, D) - H * 4
-    args = (arg(d, addr), arg(q, addr, (H, D), q.strides[-2:]), arg(k, addr), arg(v, addr), arg(mask, addr),
+    ka, va = arg(k, addr), arg(v, addr)
+    rows_max = max(n_kv, k.buffer.nbytes // max(1, k.strides[0]))  # the cache's context
+    vec = attn_vec_chunk(D, k.itemsize)
+    if vec is not None and _rows16(k, ka) and _rows16(v, va):
+        steps, chunk = vec
+        S, s_max, name, extra = ceil(n_kv / chunk), ceil(rows_max / chunk), f"k_flash_attn_ext_vec_{k.dtype}", \
+            (i32(steps),)
+    else:
+        S, s_max, name, extra = attn_splits(H, n_kv), ceil(FA_TARGET_BLOCKS / H), f"k_flash_attn_ext_{k.dtype}", ()
+    nbytes = H * max(S, s_max) * (D + 2) * 4 + H * 4  # partials of the largest split + one ticket per head
+    base = workspace(node.name, nbytes)
+    args = (arg(d, addr), arg(q, addr, (H, D), q.strides[-2:]), ka, va, arg(mask, addr),
             arg(sinks, addr) if sinks is not None else arg(mask, addr), f32(node.params["scale"]),
-            i32(sinks is not None), ptr(base), ptr(tickets))
-    return KernelCall("attn", f"k_flash_attn_ext_{k.dtype}", (H, S), (FA_THREADS,), args, None, node.outs)
+            i32(sinks is not None), ptr(base), ptr(base + nbytes - H * 4), *extra)
+    return KernelCall("attn", name, (H, S), (FA_THREADS,), args, None, node.outs)
 
 
 def _ssm_conv(node: Node, addr: Addr, _: Workspace) -> KernelCall:
