@@ -223,12 +223,14 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     const float q0 = tid < D ? ldf_v(qr + (i64)tid * q.s[3], q.dt) : 0.0f;
     PDL_WAIT(late);
     fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
+    float mk[FAV_STEPS];
 #pragma unroll
     for (int st = 0; st < FAV_STEPS; ++st) {
         const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
-        const bool ok = st < steps && t < n_kv && pl < P;
+        const bool ok = st < steps && t < n_kv;
         kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
         vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+        mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
     }
     for (int j = tid; j < D; j += blockDim.x) qs[j] = j == tid ? q0 : ldf(qr + (i64)j * q.s[3], q.dt);
     __syncthreads();
@@ -240,14 +242,11 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     float m = -WB_INF;
 #pragma unroll
     for (int st = 0; st < FAV_STEPS; ++st) {
-        const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
         float p = 0.0f;
 #pragma unroll
         for (int e = 0; e < EPL; ++e) p = fmaf(qp[e], fa_el<KDT>(kv[st], e), p);
         for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-        const bool ok = st < steps && t < n_kv;
-        const float mk = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
-        sc[st] = (ok && mk != -WB_INF) ? p * scale + mk : -WB_INF;
+        sc[st] = mk[st] != -WB_INF ? p * scale + mk[st] : -WB_INF;
         m = fmaxf(m, sc[st]);
     }
     PDL_TRIGGER(after_main_loop);

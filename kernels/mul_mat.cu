@@ -18,6 +18,10 @@
 #ifndef MMV_UNROLL
 #define MMV_UNROLL 4
 #endif
+// the row-streaming kernel keeps a shallower ring: measured best on H200 (benchmarks/matvec_sweep.py)
+#ifndef MMV_ROWS_UNROLL
+#define MMV_ROWS_UNROLL 2
+#endif
 
 struct alignas(16) u32x4 { u32 x, y, z, w; };
 struct alignas(16) f32x4 { float x, y, z, w; };
@@ -147,8 +151,8 @@ extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_f32(TV d, TV w, 
     mmv<DT_F32>(d, w, x, splits);
 }
 
-// Row-streaming variant for tall matrices: each warp owns rows r = gw, gw + W, ... (W = warps in
-// the grid, sized by the host to one resident wave) and streams all their 16-byte vectors as
+// Row-streaming variant for tall matrices (N >= 8192: FFN gate/up, lm_head): each warp owns rows
+// r = gw, gw + W, ... (W = warps in the grid, about one resident wave) and streams all their 16-byte vectors as
 // one pipelined sequence (item t = row t / J, vector lane + 32 * (t % J)), so loads stay in
 // flight across row boundaries instead of every row paying a block's ramp and tail.
 template <int WDT>
@@ -156,7 +160,7 @@ __device__ __forceinline__ const char* w_row(const TV& w, int row) {
     return w.p + (w.n[0] * w.n[1] == 1 ? (i64)row * w.s[2] : tv_row_off(w, w.n, row));
 }
 
-template <int WDT>
+template <int WDT, int U>
 __device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
@@ -167,10 +171,10 @@ __device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp) {
     int R = 0;  // rows of this warp
     while (R < rows_per_warp && gw + R * W < N) ++R;
     const int T = R * J;
-    u32x4 cur[MMV_UNROLL] = {};
+    u32x4 cur[U] = {};
     int ii = 0, jj = 0;  // issue side: next item to load
 #pragma unroll
-    for (int u = 0; u < MMV_UNROLL; ++u) {  // weights: independent of earlier kernels
+    for (int u = 0; u < U; ++u) {  // weights: independent of earlier kernels
         if (u < T) {
             const int v = lane + 32 * jj;
             if (v < nvec) cur[u] = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
@@ -183,18 +187,18 @@ __device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp) {
     PDL_WAIT(late);
     float acc = 0.0f * x0;
     int ci = 0, cj = 0;  // consume side
-    for (int t0 = 0; t0 < T; t0 += MMV_UNROLL) {
-        u32x4 nxt[MMV_UNROLL] = {};
+    for (int t0 = 0; t0 < T; t0 += U) {
+        u32x4 nxt[U] = {};
 #pragma unroll
-        for (int u = 0; u < MMV_UNROLL; ++u) {
-            if (t0 + MMV_UNROLL + u < T) {
+        for (int u = 0; u < U; ++u) {
+            if (t0 + U + u < T) {
                 const int v = lane + 32 * jj;
                 if (v < nvec) nxt[u] = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
                 if (++jj == J) { jj = 0; ++ii; }
             }
         }
 #pragma unroll
-        for (int u = 0; u < MMV_UNROLL; ++u) {
+        for (int u = 0; u < U; ++u) {
             if (t0 + u < T) {
                 const int v = lane + 32 * cj;
                 if (v < nvec) acc = dot16<WDT>(cur[u], xr + (i64)v * VEC, acc);
@@ -208,20 +212,20 @@ __device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp) {
             }
         }
 #pragma unroll
-        for (int u = 0; u < MMV_UNROLL; ++u) cur[u] = nxt[u];
+        for (int u = 0; u < U; ++u) cur[u] = nxt[u];
     }
     PDL_TRIGGER(after_main_loop);
     PDL_TRIGGER(end);
 }
 
 extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_rows_f16(TV d, TV w, TV x, int rows_per_warp) {
-    mmv_rows<DT_F16>(d, w, x, rows_per_warp);
+    mmv_rows<DT_F16, MMV_ROWS_UNROLL>(d, w, x, rows_per_warp);
 }
 extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_rows_bf16(TV d, TV w, TV x, int rows_per_warp) {
-    mmv_rows<DT_BF16>(d, w, x, rows_per_warp);
+    mmv_rows<DT_BF16, MMV_ROWS_UNROLL>(d, w, x, rows_per_warp);
 }
 extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_rows_f32(TV d, TV w, TV x, int rows_per_warp) {
-    mmv_rows<DT_F32>(d, w, x, rows_per_warp);
+    mmv_rows<DT_F32, MMV_ROWS_UNROLL>(d, w, x, rows_per_warp);
 }
 
 // MUL_MAT_ID: d[i] = w[ids[i]] @ x[i or 0]: w [E, N, K] on TV axes 1..3, ids on axis 3, d flat

@@ -87,7 +87,8 @@ def test_full_size_hot_kernels_are_the_vector_ones():
     names = {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset,
                                          lambda k, n: 0).name
              for la in plan.launches if la.node.op in ("MUL_MAT", "FLASH_ATTN_EXT")}
-    assert set(names.values()) == {"k_mul_mat_vec_f16", "k_flash_attn_ext_vec_f16"}, names
+    assert set(names.values()) == {"k_mul_mat_vec_f16", "k_mul_mat_vec_rows_f16", "k_flash_attn_ext_vec_f16"}, names
+    assert names["ffn_gate-0"] == "k_mul_mat_vec_rows_f16" and names["Kcur-0"] == "k_mul_mat_vec_f16"
 
 
 def test_attention_split_algorithm_matches_reference():

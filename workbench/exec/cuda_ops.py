@@ -23,8 +23,8 @@ from .kernels import Arg
 EW_THREADS = 256
 #: warps per block of the mat-vec kernels (kernels/mul_mat.cu MMV_WARPS)
 MMV_WARPS = 8
-#: warps in flight the mat-vec aims for (about 31 per SM of a 132-SM Hopper GPU)
-MMV_TARGET_WARPS = 4096
+#: output rows from which the row-streaming mat-vec kernel is used
+MMV_ROWS_MIN = 8192
 #: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
 FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
 #: row kernels: elements per thread staged in registers (kernels/norm.cu NORM_MAXPER)
@@ -303,11 +303,16 @@ def _aligned16(a: Arg, last_contiguous_itemsize: int) -> bool:
 
 
 def _mmv_splits(rows: int, cols: int, nvec: int) -> int:
-    """Warps per row: enough warps in flight for small N, at least one vector per lane."""
-    s = 1
-    while s < MMV_WARPS and rows * cols * s < MMV_TARGET_WARPS and nvec >= 64 * s:
-        s *= 2
-    return s
+    """Warps per row of the block mat-vec: 2 for matrices of fewer than 8192 output rows (the K,
+    V, Q and O projections, the FFN down projection), else 1; at least 4 vectors per lane.
+    Measured on an H200 by benchmarks/matvec_sweep.py (data/bench/matvec_sweep.json)."""
+    return 2 if rows * cols < MMV_ROWS_MIN and nvec >= 2 * 32 * 4 else 1
+
+
+def _rows_per_warp(rows: int) -> int:
+    """Rows each warp of the row-streaming mat-vec owns: about 4096 warps (one resident wave of a
+    132-SM GPU at 6 blocks per SM), 2 rows at N = 8192, 4 from N = 16384 (lm_head)."""
+    return max(1, min(4, rows // 4096))
 
 
 def _x_rows(x: View, K: int, node: Node) -> tuple[tuple[int, ...], tuple[int, ...]]:
@@ -328,6 +333,10 @@ def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
     vec = _vec_width(w.dtype)
     if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+        if N >= MMV_ROWS_MIN:
+            rpw = _rows_per_warp(N)
+            return KernelCall("mul_mat", f"k_mul_mat_vec_rows_{w.dtype}", (ceil(ceil(N / rpw) / MMV_WARPS), M),
+                              (32 * MMV_WARPS,), (arg(d, addr), wa, xa, i32(rpw)), None, node.outs)
         splits = _mmv_splits(N, M, K // vec)
         grid = (ceil(N / (MMV_WARPS // splits)), M)
         return KernelCall("mul_mat", f"k_mul_mat_vec_{w.dtype}", grid, (32 * MMV_WARPS,),
