@@ -163,3 +163,29 @@ def test_calibration_choice_changes_host_profiles_and_device(p):
     p.host.value = "llama.cpp"
     e = p.run()
     assert "h200 calibration" in e.run.device and "llama.cpp" in e.run.device
+
+
+def test_a_knob_change_does_not_block_while_a_run_is_slow(tmp_path, monkeypatch):
+    import threading
+    import time
+
+    real = panel_mod.run_model
+    release = threading.Event()
+
+    def slow(*a, **k):
+        release.wait(30)  # a long GPU run, say
+        return real(*a, **k)
+
+    monkeypatch.setattr(panel_mod, "run_model", slow)
+    p = ControlPanel(MODEL, tokens=3, auto=True, out_dir=tmp_path)
+    t0 = time.perf_counter()
+    p.graphs.value = True          # starts a run on the worker thread
+    p.pdl.value = True             # queued behind it (and coalesced with any further change)
+    p.sync.value = "implicit"
+    assert time.perf_counter() - t0 < 0.5, "knob changes must return at once"
+    assert not p.wait(0.2) and "running" in p.status.value
+    release.set()
+    assert p.wait(60)
+    assert p.last_error is None, p.last_error
+    assert p.shown.strategy == Strategy(graphs=True, pdl=True, sync="implicit")
+    assert len(p.history) <= 2  # the queued changes ran as one run
