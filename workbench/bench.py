@@ -59,6 +59,8 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--backend", choices=BACKENDS,
                    help="sim (calibrated simulator), cuda (CuPy on a GPU) or reference (NumPy); "
                         "default: cuda when a CUDA GPU and CuPy are present, else sim")
+    p.add_argument("--kernels", choices=("cupy", "numba"), default="cupy",
+                   help="cuda backend: CUDA C kernels (cupy) or Numba kernels for the elementwise/norm ops")
     p.add_argument("--gpu", default="h100", help=f"simulator calibration: {', '.join(known_gpus())} (default h100)")
     p.add_argument("--host-profile", help="simulator host profile (default: the calibration's, 'python'); "
                                           "e.g. llama.cpp, llama.cpp-windows")
@@ -101,7 +103,8 @@ def run_backend(backend: str, cfg: ModelConfig, strategy: Strategy, tokens: list
                                "Use --backend sim to simulate the run on a calibrated H100/H200.")
         from .exec.cuda import run_cuda
 
-        wanted = {"tokens": tokens, "seed": args.seed, "start_pos": args.start_pos, "trace": bool(args.trace)}
+        wanted = {"tokens": tokens, "seed": args.seed, "start_pos": args.start_pos, "trace": bool(args.trace),
+                  "kernels": getattr(args, "kernels", "cupy")}
         params = inspect.signature(run_cuda).parameters
         accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
         kw = {k: v for k, v in wanted.items() if accepts_any or k in params}
