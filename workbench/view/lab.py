@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import os
 import shlex
 import subprocess
 import sys
@@ -43,6 +44,8 @@ def command(args: argparse.Namespace) -> list[str]:
            f"--ip={args.ip}", f"--LabApp.default_url=/lab/tree/{args.notebook}"]
     if args.no_browser:
         cmd.append("--no-browser")
+    if hasattr(os, "geteuid") and os.geteuid() == 0:
+        cmd.append("--allow-root")  # containers and CI machines run as root; JupyterLab refuses otherwise
     return cmd
 
 
@@ -94,7 +97,6 @@ class LabServer:
 
     def __enter__(self) -> LabServer:
         import json
-        import os
         import time
         import urllib.request
 
