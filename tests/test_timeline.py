@@ -209,3 +209,34 @@ def test_hovering_a_kernel_in_exported_html_highlights_its_launch(tmp_path) -> N
             return Array.from(gd.data[gd.layout.meta.workbench.highlight[1]].x); }""")
         browser.close()
     assert len(flow) == 3
+
+
+def test_level_of_detail_rasterizes_wide_windows_and_details_narrow_ones() -> None:
+    from fixtures.synthetic import synthetic_events
+
+    from workbench.view.timeline import DETAIL_BUDGET, raster_rows, show_window
+
+    tr = synthetic_events(25_000, layers=2)            # more events than one window draws singly
+    assert len(tr) > DETAIL_BUDGET
+    fig = timeline(tr)
+    lod = fig.layout.meta["workbench"]["lod"]
+    k = fig.data[lod["classes"]["kernel"]["trace"]]
+    assert np.asarray(k.customdata)[0, 3] == -1 and "merged" in k.hovertemplate
+    lo, hi = lod["full"]
+    assert fig.layout.xaxis.range == tuple(lod["full"])
+    # a narrow window shows every event in it, with its correlation id
+    assert show_window(fig, lo, lo + (hi - lo) / 100) == "detail"
+    x0, x1, _ = _bars(fig.data[lod["classes"]["kernel"]["trace"]])
+    c = lod["classes"]["kernel"]
+    inside = (c["x1"] >= lo) & (c["x0"] <= lo + (hi - lo) / 100)
+    assert len(x0) == inside.sum() and (np.asarray(fig.data[c["trace"]].customdata)[0::3, 3] >= 0).all()
+    assert show_window(fig, lo, hi) == "merged"
+    # rasterization: a bin goes to the class that keeps it busiest; counts add up
+    sel = {"a": (np.array([0.0, 5.0]), np.array([4.0, 6.0]), np.array([1.0, 1.0])),
+           "b": (np.array([3.5]), np.array([10.0]), np.array([1.0]))}
+    runs = raster_rows(sel, 0.0, 10.0, 10)
+    # bins 0-3: a; bin 4: only b; bin 5: a and b tie, the first class wins; bins 6-9: b
+    assert runs["a"][0].tolist() == [0.0, 5.0] and runs["a"][1].tolist() == [4.0, 6.0]
+    assert runs["b"][0].tolist() == [4.0, 6.0] and runs["b"][1].tolist() == [5.0, 10.0]
+    assert runs["a"][3][:, 0].tolist() == [1, 1] and runs["a"][3][:, 1].tolist() == [100, 100]
+    assert (runs["b"][2] == 1.0).all() and (runs["b"][3][:, 3] == -1).all()
