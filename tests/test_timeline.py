@@ -81,8 +81,8 @@ def test_hover_carries_name_duration_stream_node_token(fig: go.Figure, trace: Tr
 
 
 def test_overlapping_events_of_one_row_get_their_own_lane(fig: go.Figure) -> None:
-    bars = [np.stack(_bars(tr), axis=1) for tr in _class_traces(fig).values()]
-    allb = np.concatenate(bars)
+    lod = fig.layout.meta["workbench"]["lod"]["classes"]
+    allb = np.concatenate([np.stack([c["x0"], c["x1"], c["y"]], axis=1) for c in lod.values()])
     for y in np.unique(allb[:, 2]):
         b = allb[allb[:, 2] == y]
         b = b[np.argsort(b[:, 0], kind="stable")]
@@ -155,7 +155,9 @@ def test_comparison_aligns_runs_at_a_token_and_annotates_the_difference() -> Non
     assert (g["diff_us"] < 0).all()
     texts = [a.text for a in fig.layout.annotations if a.xref == "x"]
     d1 = g.loc[1]
-    assert f"t1 · {d1['time_us']:,.1f} µs ({d1['diff_us']:+,.1f} µs, {d1['diff_pct']:+.1f} %)" in texts
+    assert f"t1 · {d1['time_us']:,.1f} µs ({d1['diff_pct']:+.1f} %)" in texts
+    hover = np.concatenate([np.asarray(t.text) for t in token_bars])
+    assert f"t1 · {d1['time_us']:,.1f} µs ({d1['diff_us']:+,.1f} µs, {d1['diff_pct']:+.1f} % vs eager)" in hover
     assert "aligned at token 1" in fig.layout.title.text
     with pytest.raises(ValueError, match="no token 7"):
         compare(runs, align_token=7)

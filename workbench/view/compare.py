@@ -1,6 +1,8 @@
 """Two or more runs stacked on one time axis, aligned at a chosen token, with the per-token
-time of each run and its difference to the baseline (the first run unless named) written on
-the token bars, as one reads two Nsight Systems reports side by side."""
+time of each run and its difference to the baseline (the first run unless named) on the token
+bars (label: time and %; hover: also the difference in us), and each run's steady-state time
+per token (``workbench.trace.stats``: the first token is warm-up) in the title, as one reads two
+Nsight Systems reports side by side."""
 
 from __future__ import annotations
 
@@ -10,6 +12,7 @@ import pandas as pd
 import plotly.graph_objects as go
 
 from ..trace.analysis import token_spans
+from ..trace.stats import us_per_token
 from ..trace.table import Trace
 from .timeline import Panel, build_figure
 
@@ -60,18 +63,20 @@ def compare(traces: Mapping[str, Trace] | Sequence[Trace], align_token: int = 0,
             raise ValueError(f"run {name!r} has no token {align_token} to align at; its tokens are "
                              f"{have[:20]}{' ...' if len(have) > 20 else ''}")
         t = times[times["run"] == name].set_index("token")
-        labels = {}
+        labels, hover = {}, {}
         for tok, r in t.iterrows():
-            text = f"t{tok} · {r['time_us']:,.1f} µs"
+            labels[int(tok)] = hover[int(tok)] = f"t{tok} · {r['time_us']:,.1f} µs"
             if name != baseline and pd.notna(r["diff_us"]):
-                text += f" ({r['diff_us']:+,.1f} µs, {r['diff_pct']:+.1f} %)"
-            labels[int(tok)] = text
-        means[name] = float(t["time_us"].mean())
-        panels.append(Panel(tr, label=name, origin_ns=int(hit["start_ns"].iloc[0]), token_labels=labels))
+                labels[int(tok)] += f" ({r['diff_pct']:+.1f} %)"
+                hover[int(tok)] += f" ({r['diff_us']:+,.1f} µs, {r['diff_pct']:+.1f} % vs {baseline})"
+        means[name] = us_per_token(tr)
+        panels.append(Panel(tr, label=name, origin_ns=int(hit["start_ns"].iloc[0]), token_labels=labels,
+                            token_hover=hover))
     b = means[baseline]
     summary = " · ".join(f"{n}: {m:,.1f} µs/token" + ("" if n == baseline else f" ({100 * (m - b) / b:+.1f} %)")
                          for n, m in means.items())
     head = f"{title} — " if title else ""
-    fig = build_figure(panels, title=f"{head}aligned at token {align_token} · {summary}")
+    fig = build_figure(panels, title=f"{head}aligned at token {align_token} · steady state (first token left out): "
+                                     f"{summary}")
     fig.layout.meta["workbench"]["token_times"] = times.round(3).to_dict("records")
     return fig

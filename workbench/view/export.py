@@ -56,12 +56,12 @@ LOD_JS = r"""
     for (var i = a; i < b; i++) { if (c.x1[i] >= lo) { idx.push(i); } }
     return idx;
   }
-  function detail(c, idx) {
+  function detail(c, idx, minLen) {   // bars at least about a pixel long, as in show_window
     var n = idx.length, x = new Float64Array(3 * n), y = new Float32Array(3 * n), cd = new Array(3 * n),
         text = new Array(3 * n);
     for (var k = 0; k < n; k++) {
       var i = idx[k], row = [c.cd[4 * i], c.cd[4 * i + 1], c.cd[4 * i + 2], c.cd[4 * i + 3]], t = L.labels[c.label[i]];
-      x[3 * k] = c.x0[i]; x[3 * k + 1] = c.x1[i]; x[3 * k + 2] = NaN;
+      x[3 * k] = c.x0[i]; x[3 * k + 1] = Math.max(c.x1[i], c.x0[i] + minLen); x[3 * k + 2] = NaN;
       y[3 * k] = y[3 * k + 1] = y[3 * k + 2] = c.y[i];
       cd[3 * k] = cd[3 * k + 1] = cd[3 * k + 2] = row;
       text[3 * k] = text[3 * k + 1] = t; text[3 * k + 2] = '';
@@ -128,7 +128,7 @@ LOD_JS = r"""
     Object.keys(C).forEach(function (cls) { sel[cls] = visible(C[cls], lo, hi); total += sel[cls].length; });
     var one = total <= L.budget, ticks = total <= L.ticks, runs = one ? null : raster(sel, lo, hi);
     Object.keys(C).forEach(function (cls) {
-      var c = C[cls], d = one ? detail(c, sel[cls]) : bars(runs[cls]);
+      var c = C[cls], d = one ? detail(c, sel[cls], (hi - lo) / L.bins) : bars(runs[cls]);
       ids.push(c.trace); up.x.push(d.x); up.y.push(d.y); up.customdata.push(d.cd); up.text.push(d.text);
       up.hovertemplate.push(one ? c.detail : c.overview); up.mode.push(one && ticks ? 'lines+markers' : 'lines');
     });

@@ -103,6 +103,7 @@ class Panel:
     label: str | None = None
     origin_ns: int | None = None
     token_labels: dict[int, str] | None = None   # text on each token's bar (default ``t<token>``)
+    token_hover: dict[int, str] | None = None    # hover text of each token's bar (default: its label)
 
 
 def _labels(events: pd.DataFrame) -> tuple[np.ndarray, list[str]]:
@@ -169,7 +170,9 @@ def build_figure(panels: list[Panel], *, title: str | None = None, tokens: bool 
             names = panel.token_labels or {}
             token_bars.append(spans.assign(x0=(spans["start_ns"] - origin) / 1e3, x1=(spans["end_ns"] - origin) / 1e3,
                                            y=tok_y + lanes, run=panel.label or "",
-                                           text=[names.get(int(t), f"t{t}") for t in spans["token"]]))
+                                           text=[names.get(int(t), f"t{t}") for t in spans["token"]],
+                                           hover=[(panel.token_hover or {}).get(int(t), names.get(int(t), f"t{t}"))
+                                                  for t in spans["token"]]))
         lay: Layout = layout(panel.trace)
         base = len(rows)
         for t in lay.tracks.itertuples():
@@ -228,8 +231,9 @@ def build_figure(panels: list[Panel], *, title: str | None = None, tokens: bool 
             fig.add_trace(go.Scattergl(
                 x=x, y=y, mode="lines", name="Token", legendgroup="token", showlegend=parity == 0,
                 line=dict(color=TOKEN_COLORS[parity], width=BAR_PX), customdata=_triple(cd),
-                hovertemplate="<b>token %{customdata[1]}</b><br>%{customdata[0]:,.1f} µs per token<extra></extra>",
+                hovertemplate="<b>%{text}</b><br>token %{customdata[1]}: %{customdata[0]:,.1f} µs<extra></extra>",
                 meta=dict(cls="token")))
+            fig.data[-1].text = np.repeat(sel["hover"].to_numpy(dtype=object), 3)
         if len(tb) <= MAX_TOKEN_LABELS:   # annotations: drawn above the WebGL bars, move with zoom
             for r in tb.itertuples():
                 fig.add_annotation(x=(r.x0 + r.x1) / 2, y=r.y, xref="x", yref="y", text=r.text, showarrow=False,
@@ -385,6 +389,7 @@ def show_window(fig: go.Figure, lo: float, hi: float) -> str:
     total = sum(len(i) for i in sel.values())
     detail, ticks = total <= lod["budget"], total <= lod["ticks"]
     labels = np.asarray(lod["labels"], dtype=object)
+    min_len = (hi - lo) / lod["bins"]
     if not detail:
         runs = raster_rows({cls: (c["x0"][sel[cls]], c["x1"][sel[cls]], c["y"][sel[cls]])
                             for cls, c in classes.items()}, lo, hi, lod["bins"])
@@ -392,8 +397,8 @@ def show_window(fig: go.Figure, lo: float, hi: float) -> str:
         for cls, c in classes.items():
             idx = sel[cls]
             tr = fig.data[c["trace"]]
-            if detail:
-                x, y = _segments(c["x0"][idx], c["x1"][idx], c["y"][idx])
+            if detail:   # at least about a pixel long, as Nsight draws short kernels
+                x, y = _segments(c["x0"][idx], np.maximum(c["x1"][idx], c["x0"][idx] + min_len), c["y"][idx])
                 text = np.repeat(labels[c["label"][idx]], 3) if len(labels) else np.zeros(0, dtype=object)
                 text[2::3] = ""
                 tr.update(x=x, y=y, customdata=_triple(c["cd"][idx]), text=text,
