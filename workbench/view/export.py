@@ -56,7 +56,7 @@ LOD_JS = r"""
     for (var i = a; i < b; i++) { if (c.x1[i] >= lo) { idx.push(i); } }
     return idx;
   }
-  function detail(c, idx, minLen) {   // bars at least about a pixel long, as in show_window
+  function detail(c, idx, minLen) {   // bars at least half a pixel long, as in show_window
     var n = idx.length, x = new Float64Array(3 * n), y = new Float32Array(3 * n), cd = new Array(3 * n),
         text = new Array(3 * n);
     for (var k = 0; k < n; k++) {
@@ -128,7 +128,7 @@ LOD_JS = r"""
     Object.keys(C).forEach(function (cls) { sel[cls] = visible(C[cls], lo, hi); total += sel[cls].length; });
     var one = total <= L.budget, ticks = total <= L.ticks, runs = one ? null : raster(sel, lo, hi);
     Object.keys(C).forEach(function (cls) {
-      var c = C[cls], d = one ? detail(c, sel[cls], (hi - lo) / L.bins) : bars(runs[cls]);
+      var c = C[cls], d = one ? detail(c, sel[cls], 0.5 * (hi - lo) / L.bins) : bars(runs[cls]);
       ids.push(c.trace); up.x.push(d.x); up.y.push(d.y); up.customdata.push(d.cd); up.text.push(d.text);
       up.hovertemplate.push(one ? c.detail : c.overview); up.mode.push(one && ticks ? 'lines+markers' : 'lines');
     });

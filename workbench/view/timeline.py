@@ -389,7 +389,7 @@ def show_window(fig: go.Figure, lo: float, hi: float) -> str:
     total = sum(len(i) for i in sel.values())
     detail, ticks = total <= lod["budget"], total <= lod["ticks"]
     labels = np.asarray(lod["labels"], dtype=object)
-    min_len = (hi - lo) / lod["bins"]
+    min_len = 0.5 * (hi - lo) / lod["bins"]   # half a pixel: dense rows keep their gaps visible
     if not detail:
         runs = raster_rows({cls: (c["x0"][sel[cls]], c["x1"][sel[cls]], c["y"][sel[cls]])
                             for cls, c in classes.items()}, lo, hi, lod["bins"])
@@ -397,7 +397,7 @@ def show_window(fig: go.Figure, lo: float, hi: float) -> str:
         for cls, c in classes.items():
             idx = sel[cls]
             tr = fig.data[c["trace"]]
-            if detail:   # at least about a pixel long, as Nsight draws short kernels
+            if detail:   # at least about half a pixel long: a lone short kernel stays visible
                 x, y = _segments(c["x0"][idx], np.maximum(c["x1"][idx], c["x0"][idx] + min_len), c["y"][idx])
                 text = np.repeat(labels[c["label"][idx]], 3) if len(labels) else np.zeros(0, dtype=object)
                 text[2::3] = ""
