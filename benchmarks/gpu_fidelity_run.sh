@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Issue 6 on a GPU machine, in one call: recorded traces, CUPTI GPU tests, calibration (raw +
-# fitted), tracing overhead, the fidelity matrix. Results go to $OUT/results.tgz (re-packed
+# Issue 6 on a GPU machine, in one call: recorded traces, calibration (raw +
+# fitted), the fidelity matrix, tracing overhead. Results go to $OUT/results.tgz (re-packed
 # after every stage, so a stage that runs out of time still leaves the earlier ones) and the
 # whole log to $OUT/log.txt. Stages to run: arguments (default: all, in this order).
 #
-#   bash benchmarks/gpu_fidelity_run.sh [traces] [gputests] [calibrate] [overhead] [fidelity]
+#   bash benchmarks/gpu_fidelity_run.sh [traces] [calibrate] [fidelity] [overhead] [gputests]
 set -u
 OUT=${OUT:-out}
 R=$OUT/r
@@ -19,7 +19,7 @@ else
 fi
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$R/nvidia-smi.csv"
 python3 -c "import cupy, cupti; print('cupy', cupy.__version__, 'cupti-python ok')"
-stages=${*:-traces gputests calibrate overhead fidelity}
+stages=${*:-traces calibrate fidelity overhead gputests}
 pack() { tar czf "$OUT/results.tgz" -C "$OUT" r; }
 t0=$(date +%s)
 for st in $stages; do
