@@ -29,7 +29,7 @@ for st in $stages; do
         gputests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cupti.py ;;
         calibrate) timeout 240 python3 -m workbench.cli calibrate --raw "$R/calibration_raw.json" \
                        --out "$R/calibration.json" ;;
-        overhead) timeout 150 python3 benchmarks/trace_overhead.py --rounds 5 --out "$R/trace_overhead.json" ;;
+        overhead) timeout 150 python3 benchmarks/trace_overhead.py --rounds 5 --kinds-sweep --out "$R/trace_overhead.json" ;;
         fidelity) timeout 300 python3 benchmarks/sim_fidelity.py measure --tokens 32 --repeats 4 \
                       --out "$R/fidelity_measured.json" ;;
         *) echo "unknown stage $st" ;;

@@ -64,6 +64,32 @@ def measure(spec: ModelSpec, tokens: int, rounds: int, seed: int = 0) -> dict:
             "rounds": rounds, "rows": rows, "date": time.strftime("%Y-%m-%d")}
 
 
+def kinds_sweep(spec: ModelSpec, tokens: int, rounds: int, seed: int = 0) -> list[dict]:
+    """Where the overhead under graph replay comes from: the same untraced runs of ``graphs``
+    with CUPTI recording one group of activity kinds at a time."""
+    from workbench.exec.cuda import CudaExecutor, run_cuda
+    from workbench.trace.cupti import CuptiCapture
+
+    groups = {"none": (), "CONCURRENT_KERNEL": ("CONCURRENT_KERNEL",), "RUNTIME+DRIVER": ("RUNTIME", "DRIVER"),
+              "MEMCPY+MEMSET+SYNC": ("MEMCPY", "MEMSET", "SYNCHRONIZATION"), "all": CuptiCapture.KINDS,
+              "KERNEL (serialized, for comparison)": ("KERNEL",)}
+    cfg, st = spec.config(), STRATEGIES["graphs"]
+    ex = CudaExecutor(cfg, st, "device", seed)
+    run_cuda(cfg, st, 4, seed=seed, start_pos=spec.pos, executor=ex)
+    out = []
+    for name, kinds in groups.items():
+        us = []
+        for _ in range(rounds):
+            cap = CuptiCapture(kinds=kinds).start() if kinds else None
+            run = run_cuda(cfg, st, tokens, seed=seed, start_pos=spec.pos, executor=ex)
+            us.append(float(run.stats["us_per_token"]))
+            if cap is not None:
+                cap.stop()
+        out.append({"kinds": name, "us_per_token": float(np.median(us)), "runs": us})
+        print(f"{spec.label} graphs, CUPTI kinds {name:20s} {np.median(us):8.1f} us/token", file=sys.stderr, flush=True)
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--model", default="llama-3.2-1b")
@@ -71,8 +97,12 @@ def main() -> int:
     p.add_argument("--tokens", type=int, default=32)
     p.add_argument("--rounds", type=int, default=6)
     p.add_argument("--out", type=Path)
+    p.add_argument("--kinds-sweep", action="store_true", help="also time graph replay with each group of CUPTI "
+                                                              "activity kinds enabled alone")
     args = p.parse_args()
     res = measure(ModelSpec(args.model, args.layers), args.tokens, args.rounds)
+    if args.kinds_sweep:
+        res["kinds_sweep"] = kinds_sweep(ModelSpec(args.model, args.layers), args.tokens, args.rounds)
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
     return 0

@@ -45,15 +45,40 @@ def _synthetic_probes(cal) -> dict:
     }
 
 
-@pytest.fixture(scope="module")
-def round_trip() -> tuple[dict, object]:
+_OP_OF_API = {"cudaLaunchKernel": "launch", "cuLaunchKernelEx": "launch", "cudaGraphLaunch": "graph_launch",
+              "cudaMemcpy": "memcpy_h2d", "cudaMemcpyAsync": "memcpy_h2d", "cudaStreamSynchronize": "stream_sync",
+              "cudaEventRecord": "event_record", "cudaStreamWaitEvent": "stream_wait_event"}
+
+
+def _host_ops_of(trace) -> list[dict]:
+    """What ``time_host_ops`` would record for the host program the simulator ran."""
+    ev = trace.events
+    api = ev[(ev["row"] == "CUDA API") & ev["name"].isin(list(_OP_OF_API)) & (ev["token"] >= 0)]
+    out, pending, last_tok = [], False, None
+    for r in api.sort_values("start_ns").itertuples():
+        kind = _OP_OF_API[r.name]
+        blocking = r.name == "cudaMemcpy"
+        if r.token != last_tok:
+            i, last_tok = 0, r.token
+        out.append({"token": r.token, "i": i, "kind": kind, "api": r.name, "pdl": r.name == "cuLaunchKernelEx",
+                    "blocking": blocking, "waits": kind == "stream_sync" and pending,
+                    "start_ns": r.start_ns, "end_ns": r.end_ns})
+        i += 1
+        pending = False if (kind == "stream_sync" or blocking) else True
+    return out
+
+
+@pytest.fixture(scope="module", params=["cupti-periods", "host-clock"])
+def round_trip(request) -> tuple[dict, object]:
     cal = load_calibration("h100")
     runs = []
     for spec in SPECS:
         for label, st in CALIBRATION_STRATEGIES.items():
             run = run_sim(spec.config(), st, 6, start_pos=spec.pos, calibration=cal)
-            runs.append((spec, label, run.trace, {"nodes": len(run.plan.launches),
-                                                  "host_us_per_token": run.stats["us_per_token"]}))
+            info = {"nodes": len(run.plan.launches), "host_us_per_token": run.stats["us_per_token"]}
+            if request.param == "host-clock":
+                info["host_ops"] = _host_ops_of(run.trace)
+            runs.append((spec, label, run.trace, info))
     raw = {"environment": {"gpu_name": "simulated H100", "date": "2026-01-01T00:00:00"}, "gpu": "h100",
            "device": _synthetic_probes(cal), **trace_tables(runs)}
     base = json.loads((CALIBRATION_DIR / "h100.json").read_text())
@@ -79,6 +104,7 @@ def test_fit_gives_the_simulators_device_costs_back(round_trip) -> None:
                 "pdl_release_ns"):
         assert d[key] == pytest.approx(getattr(cal, key), rel=0.02, abs=5), key
     assert d["dram_efficiency"] == pytest.approx(cal.dram_efficiency, rel=1e-3)
+    assert d["eager_dependency_gap_ns"] == pytest.approx(cal.eager_gap_ns, abs=5)
     # every kernel of the simulator is fixed + 1 x roofline: each family's fit says so
     for fam, fc in out["families"].items():
         assert fc["work_scale"] == pytest.approx(1.0, rel=0.02), fam

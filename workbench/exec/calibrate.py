@@ -188,9 +188,12 @@ def kernel_table(trace: Trace) -> pd.DataFrame:
     if k.empty:
         return pd.DataFrame(columns=["node", "name", "duration_ns", "gap_ns", "n"])
     k = k.assign(dur=k["end_ns"] - k["start_ns"], gap=k["start_ns"] - k.groupby(["stream", "token"])["end_ns"].shift(1))
+    calls = trace.events[trace.events["row"] == "CUDA API"].drop_duplicates("corr_id").set_index("corr_id")["end_ns"]
+    # how long after its launch call returned a kernel started (large: it was queued behind others)
+    k = k.assign(queued=k["start_ns"] - k["corr_id"].map(calls))
     g = k.groupby("node", sort=False)
     return pd.DataFrame({"name": g["name"].first(), "duration_ns": g["dur"].median(), "gap_ns": g["gap"].median(),
-                         "n": g["dur"].size()}).reset_index()
+                         "queued_ns": g["queued"].median(), "n": g["dur"].size()}).reset_index()
 
 
 def boundary_table(plain: Trace, pdl: Trace) -> pd.DataFrame:
@@ -487,13 +490,63 @@ def trace_executor(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int =
     for i, tok in enumerate(ids):  # the same steps untraced: what tracing adds per API call
         ex.prepare(p0 + i)
         ex.step(int(tok), p0 + i)
+    host_ops = time_host_ops(ex, ids, p0)
 
     def steady_us(a: int, b_: int | None) -> float:
         us = (np.asarray(ex.times.end_ns[a:b_]) - np.asarray(ex.times.start_ns[a:b_])) / 1e3
         return float(np.mean(us[1:])) if len(us) > 1 else float(us[0])
 
-    return tr, {"host_us_per_token": steady_us(n0, n1), "untraced_us_per_token": steady_us(n1, None),
+    return tr, {"host_us_per_token": steady_us(n0, n1), "untraced_us_per_token": steady_us(n1, n1 + len(ids)),
+                "host_ops": host_ops,
                 "nodes": len(b.plan.launches), "device": ex.device, "device_name": ex.device_name, "executor": ex}
+
+
+def time_host_ops(ex: Any, ids: Sequence[int], p0: int) -> list[dict[str, Any]]:
+    """The executor's host program timed with the host clock, untraced: each host op's start
+    and end (ns) per token, its kind, API, whether it is a PDL launch, and for syncs whether
+    device work was pending (issued since the stream was last drained)."""
+    out: list[dict[str, Any]] = []
+    orig = ex._host_op
+    state = {"token": -1, "i": 0, "pending": False}
+
+    def timed(b: Any, op: Any) -> None:
+        pdl = op.kind == "launch" and b.plan.launches[op.launch].pdl
+        waits = op.kind == "stream_sync" and state["pending"]
+        t0 = time.perf_counter_ns()
+        orig(b, op)
+        t1 = time.perf_counter_ns()
+        out.append({"token": state["token"], "i": state["i"], "kind": op.kind, "api": op.api, "pdl": bool(pdl),
+                    "blocking": bool(op.blocking), "waits": bool(waits), "start_ns": t0, "end_ns": t1})
+        state["i"] += 1
+        if op.kind == "stream_sync" or (op.kind.startswith("memcpy") and op.blocking):
+            state["pending"] = False
+        elif op.kind != "stream_sync":
+            state["pending"] = True
+
+    ex._host_op = timed
+    try:
+        for i, tok in enumerate(ids):
+            ex.prepare(p0 + i)
+            state.update(token=i, i=0)
+            ex.step(int(tok), p0 + i)
+    finally:
+        del ex._host_op
+    return out
+
+
+def host_op_table(ops: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
+    """Periods of host ops timed by ``time_host_ops``: ``period_ns`` to the next op of the same
+    token, and for a token's last op ``to_next_token_ns`` (its end to the next token's first op)."""
+    df = pd.DataFrame(list(ops))
+    if df.empty:
+        return df
+    df = df.sort_values("start_ns", kind="stable")
+    nxt = df["start_ns"].shift(-1)
+    same = df["token"].shift(-1) == df["token"]
+    df["period_ns"] = np.where(same, nxt - df["start_ns"], np.nan)
+    df["to_next_token_ns"] = np.where(~same & df["token"].shift(-1).notna(), nxt - df["end_ns"], np.nan)
+    first = df["token"].min()
+    return df[df["token"] > first]  # steady tokens
 
 
 def measure_models(specs: Iterable[ModelSpec], strategies: Mapping[str, Strategy], tokens: int = 12,
@@ -521,7 +574,7 @@ def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]
     kernel durations, host call periods, graph instantiation, PDL boundaries. ``info`` holds
     ``nodes`` (launches per token) and ``host_us_per_token``. Pure: the tests feed it
     simulator traces and check that the fit gives the simulator's parameters back."""
-    kernels, periods, bounds, instantiate, rows = [], [], [], [], []
+    kernels, periods, bounds, instantiate, rows, hostops = [], [], [], [], [], []
     by_spec: dict[ModelSpec, dict[str, Trace]] = {}
     for spec, label, tr, info in runs:
         by_spec.setdefault(spec, {})[label] = tr
@@ -530,6 +583,9 @@ def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]
         ap = api_periods(tr)
         periods.append(ap[["name", "kind", "token", "start_ns", "end_ns", "period_ns", "issue_ns", "wait_ns",
                            "resume_ns", "next_token"]].assign(model=spec.label, strategy=label))
+        if info.get("host_ops"):
+            ho = host_op_table(info["host_ops"])
+            hostops.append(ho.drop(columns=["start_ns", "end_ns"]).assign(model=spec.label, strategy=label))
         host = tr.events[tr.events["row"] == "CUDA API"]
         inst = host[host["name"].str.contains("GraphInstantiate|GraphUpload")]
         if len(inst):  # instantiate + upload of the one capture
@@ -551,6 +607,7 @@ def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]
         "boundaries": _records(pd.concat(bounds, ignore_index=True)) if bounds else [],
         "instantiate": instantiate,
         "runs": rows,
+        "host_ops": _records(pd.concat(hostops, ignore_index=True)) if hostops else [],
     }
 
 
@@ -702,17 +759,40 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
 
     api = pd.DataFrame(raw["api"])
     kt = pd.DataFrame(raw["kernels"])
-    # CUPTI's API tracing lengthens every traced call: the eager runs were also timed untraced
-    runs = pd.DataFrame(raw["runs"])
-    eager = runs[runs["strategy"].str.startswith("eager")] if "untraced_us_per_token" in runs else runs.iloc[0:0]
-    per_call = ((eager["host_us_per_token"] - eager["untraced_us_per_token"]) * 1e3 / eager["calls_per_token"]
-                if len(eager) else pd.Series(dtype=float))
-    cupti_ns = _median(per_call)
-    cupti_ns = cupti_ns if cupti_ns > 0 else 0.0  # (NaN without untraced timings: no correction)
-    traced = (f"; minus {cupti_ns:.0f} ns per call that CUPTI tracing adds (eager runs timed traced and "
-              "untraced, difference per host-program call)") if cupti_ns > 0 else ""
-    for col in ("period_ns", "issue_ns"):
-        api[col] = api[col] - cupti_ns
+    # Host costs come from the untraced pass, timed with the host clock (``host_ops``): CUPTI's
+    # API tracing lengthens calls (cudaGraphLaunch by ~0.5 us per graph node). Without it (older
+    # raw files, simulator round trips) they come from the traced periods.
+    ho = pd.DataFrame(raw.get("host_ops", []))
+
+    def untraced(strategies: Sequence[str], **match: Any) -> tuple[float, int]:
+        if ho.empty:
+            return float("nan"), 0
+        m = ho["strategy"].isin(strategies)
+        for k, v in match.items():
+            m &= ho[k].isin(v) if isinstance(v, tuple) else (ho[k] == v)
+        vals = ho.loc[m, "period_ns"].dropna()
+        return (float(vals.median()), len(vals)) if len(vals) else (float("nan"), 0)
+
+    clock = "host-clock period (op start to the next op's start, untraced) of"
+
+    def host_cost(key: str, strategies: Sequence[str], match: Mapping[str, Any], apis: Sequence[str], what: str,
+                  strategy_traced: str) -> float:
+        v, n = untraced(strategies, **match)
+        if n:
+            seth(key, v, f"median {clock} {what} in executor runs ({', '.join(strategies)}) of the calibration "
+                         "models", n)
+        else:
+            v, n = _host(api, strategy_traced, apis)
+            seth(key, v, f"median CUPTI period (call start to next call start) of {what} in {strategy_traced} "
+                         "executor runs of the calibration models", n)
+        return v
+
+    # how much CUPTI lengthens a call: traced minus untraced period of the same calls
+    pairs = [("eager", LAUNCH_APIS, {"kind": "launch"}), ("graphs+boundary", ("cudaMemcpyAsync",),
+             {"kind": "memcpy_h2d"}), ("eager+qkv+boundary", ("cudaEventRecord",), {"kind": "event_record"})]
+    infl = [(_host(api, st_, names)[0] - untraced([st_], **m)[0]) for st_, names, m in pairs]
+    cupti_ns = _median(infl)
+    cupti_ns = cupti_ns if cupti_ns > 0 else 0.0
 
     # kernel gaps in graph replay of the models (no PDL, one stream)
     g = kt[kt["strategy"] == "graphs+boundary"]["gap_ns"].dropna()
@@ -720,46 +800,70 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
          "median gap between consecutive kernels of one stream under graph replay of the calibration models "
          f"(n={len(g)})")
 
+    # eager launches: the gap before a kernel that was already queued behind its predecessor
+    ek = kt[kt["strategy"] == "eager"]
+    if "queued_ns" in ek:
+        queued = ek[ek["queued_ns"] > 2000]
+        ek = queued if len(queued) else ek
+    setd("eager_dependency_gap_ns", _median(ek["gap_ns"]),
+         "median gap between consecutive kernels of one stream in eager executor runs of the calibration models, "
+         f"over kernels that started > 2 us after their launch call returned (queued) (n={len(ek)})")
+
     # launch latencies relative to the simulator's host time line (call start + call cost)
-    launch_ns, n_launch = _host(api, "eager", LAUNCH_APIS)
-    seth("launch_ns", launch_ns, "median period (call start to next call start) of cuLaunchKernelEx in eager "
-         "executor runs of the calibration models" + traced, n_launch)
-    v, n = _host(api, "eager+pdl", LAUNCH_APIS)
-    seth("launch_pdl_ns", v, "median period of cuLaunchKernelEx in eager + PDL executor runs" + traced, n)
-    graph_ns, n = _host(api, "graphs+boundary", ("cudaGraphLaunch",))
-    seth("graph_launch_ns", graph_ns, "median period of cudaGraphLaunch in graph-replay executor runs" + traced, n)
+    launch_ns = host_cost("launch_ns", ["eager"], {"kind": "launch", "pdl": False}, LAUNCH_APIS,
+                          "cuLaunchKernelEx", "eager")
+    host_cost("launch_pdl_ns", ["eager+pdl"], {"kind": "launch", "pdl": True}, LAUNCH_APIS,
+              "cuLaunchKernelEx with the PDL attribute", "eager+pdl")
+    graph_ns = host_cost("graph_launch_ns", ["graphs+boundary", "graphs+pdl+implicit"], {"kind": "graph_launch"},
+                         ("cudaGraphLaunch",), "cudaGraphLaunch", "graphs+boundary")
     setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_start_ns"] - launch_ns),
          f"probe: an empty kernel starts {pt['eager_start_after_call_start_ns']:.0f} ns after its launch call "
          "starts on an idle GPU, minus the launch call's cost (host_profiles.python.launch_ns)")
     setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_start_ns"] - graph_ns),
          f"probe: a graph's first kernel starts {pt['graph_start_after_call_start_ns']:.0f} ns after cudaGraphLaunch "
-         "starts on an idle GPU, minus the call's cost (host_profiles.python.graph_launch_ns)")
-    v, n = _host(api, "graphs+boundary", ("cudaMemcpyAsync",))
-    seth("memcpy_async_ns", v,
-         "median period of cudaMemcpyAsync (pinned staging) in boundary-sync executor runs" + traced, n)
+         "starts on an idle GPU (CUPTI-traced, which lengthens the call), minus the untraced call cost "
+         "(host_profiles.python.graph_launch_ns)")
+    host_cost("memcpy_async_ns", ["graphs+boundary", "graphs+pdl+implicit", "eager+qkv+boundary"],
+              {"kind": ("memcpy_h2d", "memcpy_d2h"), "blocking": False}, ("cudaMemcpyAsync",),
+              "cudaMemcpyAsync (pinned staging)", "graphs+boundary")
+    # a blocking copy: the simulator charges the time until the copy starts, then the copy and a wake-up
     per_copy = api[(api["strategy"] == "eager") & (api["name"] == "cudaMemcpy")]
-    seth("memcpy_blocking_ns", _median(per_copy["issue_ns"]),
-         "median time from a blocking cudaMemcpy's start (pageable staging, per-copy executor runs) to its copy "
-         "starting on the device; the wait for the copy and the wake-up are simulated apart" + traced, len(per_copy))
-    sy = api[(api["kind"] == "sync") & api["wait_ns"].isna() & (api["next_token"] == api["token"])]
-    seth("stream_sync_ns", _median(sy["period_ns"]),
-         "median period of cudaStreamSynchronize on an idle stream (per-copy and boundary runs)" + traced, len(sy))
+    after_issue = _median(per_copy["period_ns"] - per_copy["issue_ns"])
+    v, n = untraced(["eager", "eager+pdl"], kind="memcpy_h2d", blocking=True)
+    if n:
+        seth("memcpy_blocking_ns", v - after_issue, f"median {clock} the blocking cudaMemcpy (pageable staging, "
+             f"per-copy runs) minus the part after its copy starts on the device ({after_issue:.0f} ns: copy, "
+             "wake-up, next call; CUPTI)", n)
+    else:
+        seth("memcpy_blocking_ns", _median(per_copy["issue_ns"]), "median CUPTI time from a blocking cudaMemcpy's "
+             "start to its copy starting on the device (per-copy runs)", len(per_copy))
+    v, n = untraced(["eager", "eager+pdl", "graphs+boundary", "eager+qkv+boundary"], kind="stream_sync", waits=False)
+    if n:
+        seth("stream_sync_ns", v, f"median {clock} cudaStreamSynchronize with no device work pending", n)
+    else:
+        sy = api[(api["kind"] == "sync") & api["wait_ns"].isna() & (api["next_token"] == api["token"])]
+        seth("stream_sync_ns", _median(sy["period_ns"]), "median CUPTI period of cudaStreamSynchronize on an "
+             "idle stream", len(sy))
     waited = api[(api["kind"] == "sync") & api["wait_ns"].notna()]
     within = waited[waited["next_token"] == waited["token"]]
-    seth("sync_wakeup_ns", _median(within["resume_ns"]) if len(within) else _median(waited["wait_ns"]),
-         "median time from the end of the awaited device work to the host's next call, over syncs that waited "
-         "inside a token", len(within) if len(within) else len(waited))
+    seth("sync_wakeup_ns", max(0.0, _median(within["resume_ns"]) - cupti_ns),
+         "median time from the end of the awaited device work to the host's next call over syncs that waited "
+         f"inside a token (CUPTI), minus {cupti_ns:.0f} ns that CUPTI adds to a call (traced - untraced periods of "
+         "the same calls)", len(within))
     # the host work between tokens (inputs, staging, logits) that no API call covers
-    last = waited[waited["next_token"] == waited["token"] + 1]
-    if "token_overhead_ns" in hp or len(last):
-        tok = _median(last["resume_ns"]) - (hp["sync_wakeup_ns"] if len(within) else 0.0)
-        seth("token_overhead_ns", tok, "median time from the end of a token's last device work to the next token's "
-             "first call, minus sync_wakeup_ns: the executor's per-token Python (input values, staging, logits copy)",
-             len(last))
-    v, n = _host(api, "eager+qkv+boundary", ("cudaEventRecord",))
-    seth("event_record_ns", v, "median period of cudaEventRecord in eager qkv executor runs" + traced, n)
-    v, n = _host(api, "eager+qkv+boundary", ("cudaStreamWaitEvent",))
-    seth("stream_wait_event_ns", v, "median period of cudaStreamWaitEvent in eager qkv executor runs" + traced, n)
+    tok = ho["to_next_token_ns"].dropna() if "to_next_token_ns" in ho else pd.Series(dtype=float)
+    if len(tok):
+        seth("token_overhead_ns", float(tok.median()), "median host-clock time (untraced) from the return of a "
+             "token's final sync to the next token's first call: the executor's per-token Python (input values, "
+             "staging, logits copy)", len(tok))
+    else:
+        last = waited[waited["next_token"] == waited["token"] + 1]
+        seth("token_overhead_ns", _median(last["resume_ns"]) - hp["sync_wakeup_ns"], "median CUPTI time from the "
+             "end of a token's last device work to the next token's first call, minus sync_wakeup_ns", len(last))
+    host_cost("event_record_ns", ["eager+qkv+boundary"], {"kind": "event_record"}, ("cudaEventRecord",),
+              "cudaEventRecord", "eager+qkv+boundary")
+    host_cost("stream_wait_event_ns", ["eager+qkv+boundary"], {"kind": "stream_wait_event"},
+              ("cudaStreamWaitEvent",), "cudaStreamWaitEvent", "eager+qkv+boundary")
     caps = [r["capture_call_ns"] for r in raw["runs"] if r["capture_call_ns"] == r["capture_call_ns"]]
     seth("capture_ns", _median(caps), "median duration of cudaStreamBeginCapture / EndCapture calls", len(caps))
     inst = pd.DataFrame(raw["instantiate"])

@@ -85,6 +85,14 @@ class Calibration:
     #: optional per-family corrections (measured calibrations); families not listed use the
     #: device-wide roofline with ``kernel_fixed_ns``
     families: dict[str, FamilyCost] = field(default_factory=dict, hash=False, compare=False)
+    #: optional: gap between stream-ordered kernels launched one by one (no graph) when the next
+    #: one is already queued; -1 (absent from the file) means ``dependency_gap_ns``
+    eager_dependency_gap_ns: float = -1.0
+
+    @property
+    def eager_gap_ns(self) -> float:
+        """Gap before a queued eagerly launched kernel (the GPU front end's per-launch work)."""
+        return self.eager_dependency_gap_ns if self.eager_dependency_gap_ns >= 0 else self.dependency_gap_ns
 
     @property
     def dram_Bpns(self) -> float:
@@ -119,7 +127,9 @@ class Calibration:
 
 
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
-                  if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families")]
+                  if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
+                                    "eager_dependency_gap_ns")]
+_OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns",)
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
 _FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]
@@ -154,7 +164,7 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
         if key not in data:
             raise CalibrationError(f"{origin}: missing top-level key {key!r}")
     device, profiles, sources = data["device"], data["host_profiles"], data["sources"]
-    _check_keys(origin, "device", device, _DEVICE_FIELDS)
+    _check_keys(origin, "device", device, [*_DEVICE_FIELDS, *_OPTIONAL_DEVICE_FIELDS], set(_OPTIONAL_DEVICE_FIELDS))
     if not profiles:
         raise CalibrationError(f"{origin}: host_profiles is empty; add at least one profile")
     for name, prof in profiles.items():
@@ -162,7 +172,7 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     families = data.get("families", {})
     for fam, fc in families.items():
         _check_keys(origin, f"families.{fam}", fc, _FAMILY_FIELDS)
-    expected = {f"device.{k}" for k in _DEVICE_FIELDS}
+    expected = {f"device.{k}" for k in (*_DEVICE_FIELDS, *(k for k in _OPTIONAL_DEVICE_FIELDS if k in device))}
     expected |= {f"host_profiles.{n}.{k}" for n, prof in profiles.items() for k in _HOST_FIELDS
                  if k in prof or k not in _OPTIONAL_HOST_FIELDS}
     expected |= {f"families.{fam}.{k}" for fam in families for k in _FAMILY_FIELDS}
@@ -186,6 +196,9 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
             dev[k] = (int(v[0]), int(v[1]))
             continue
         dev[k] = _number(origin, f"device.{k}", v)
+    for k in _OPTIONAL_DEVICE_FIELDS:
+        if k in device:
+            dev[k] = _number(origin, f"device.{k}", device[k])
     for k in ("sm_count", "max_threads_per_sm"):
         dev[k] = int(dev[k])
     for k in ("sm_count", "max_threads_per_sm", "dram_bandwidth_GBps", "dram_latency_ns",

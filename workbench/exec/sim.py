@@ -457,13 +457,14 @@ class _Engine:
         pdl_pred = -1
         if pred >= 0:
             pe = self.end[pred]
+            gap = cal.dependency_gap_ns if self.graph_of[o] >= 0 else cal.eager_gap_ns  # graph vs eager launch
             if kind == KERNEL and self.kind[pred] == KERNEL and self._launch(o).pdl:
                 tr = self.trig[pred]
                 cand = math.inf
                 if tr == tr:
                     cand = tr + cal.pdl_launch_ns
                 if pe == pe:
-                    cand = min(cand, pe + cal.dependency_gap_ns)
+                    cand = min(cand, pe + gap)
                 if cand == math.inf:
                     return  # retried when pred triggers or ends
                 t = max(t, cand)
@@ -471,7 +472,7 @@ class _Engine:
             else:
                 if pe != pe:
                     return  # retried when pred ends
-                t = max(t, pe if kind == WAIT else pe + cal.dependency_gap_ns)
+                t = max(t, pe if kind == WAIT else pe + gap)
         if kind == WAIT:
             dep = self.data[o]
             if dep >= 0:

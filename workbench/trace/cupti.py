@@ -338,8 +338,13 @@ class CuptiCapture:
     Usage: ``cap.start(); for i: cap.mark_token(i); <token i>; trace = cap.stop()``.
     """
 
-    def __init__(self, sites: Sequence[KernelSite] = (), copies: Sequence[tuple[str, str]] = (), **meta: Any):
+    #: what a capture records by default (CONCURRENT_KERNEL, not KERNEL: see the module docstring)
+    KINDS = ("CONCURRENT_KERNEL", "RUNTIME", "DRIVER", "MEMCPY", "MEMSET", "SYNCHRONIZATION")
+
+    def __init__(self, sites: Sequence[KernelSite] = (), copies: Sequence[tuple[str, str]] = (),
+                 kinds: Sequence[str] = KINDS, **meta: Any):
         self.sites, self.copies, self.meta = list(sites), list(copies), dict(meta)
+        self.kind_names = tuple(kinds)
         self._raw: list[dict[str, Any] | None] = []
         self._names: dict[tuple[str, int], str] = {}
         self.marks: list[tuple[int, int]] = []
@@ -358,8 +363,7 @@ class CuptiCapture:
             cupti.activity_register_callbacks(_Router.request, _Router.complete)
             _Router.registered = True
         _Router.target = self
-        K = cupti.ActivityKind
-        self._kinds = [K.CONCURRENT_KERNEL, K.RUNTIME, K.DRIVER, K.MEMCPY, K.MEMSET, K.SYNCHRONIZATION]
+        self._kinds = [cupti.ActivityKind[k] for k in self.kind_names]
         for k in self._kinds:
             cupti.activity_enable(k)
         return self
