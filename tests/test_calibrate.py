@@ -41,6 +41,8 @@ def _synthetic_probes(cal) -> dict:
             "h2d_small_pinned_ns": cal.memcpy_latency_ns + 16 / cal.pcie_GBps, "h2d_small_pageable_bytes": 16,
             "eager_start_after_call_start_ns": h.launch_ns + cal.launch_latency_ns,
             "graph_start_after_call_start_ns": h.graph_launch_ns + cal.graph_launch_latency_ns,
+            "eager_start_after_call_end_ns": cal.launch_latency_ns,
+            "graph_start_after_call_end_ns": cal.graph_launch_latency_ns,
         },
     }
 
@@ -76,8 +78,9 @@ def round_trip(request) -> tuple[dict, object]:
         for label, st in CALIBRATION_STRATEGIES.items():
             run = run_sim(spec.config(), st, 6, start_pos=spec.pos, calibration=cal)
             info = {"nodes": len(run.plan.launches), "host_us_per_token": run.stats["us_per_token"]}
-            if request.param == "host-clock":
+            if request.param == "host-clock":  # the untraced pass: host-clock op timings and us/token
                 info["host_ops"] = _host_ops_of(run.trace)
+                info["untraced_us_per_token"] = run.stats["us_per_token"]
             runs.append((spec, label, run.trace, info))
     raw = {"environment": {"gpu_name": "simulated H100", "date": "2026-01-01T00:00:00"}, "gpu": "h100",
            "device": _synthetic_probes(cal), **trace_tables(runs)}

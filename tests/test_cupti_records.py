@@ -107,3 +107,9 @@ def test_graph_replay_trace_has_tokens_nodes_rows_and_syncs(node_ids: bool) -> N
     assert list(h2d[h2d.token == 0].node) == ["inp_tokens", "inp_pos", "inp_kv_idx", "kq_mask"]
     # every device event carries its API call's correlation id
     assert set(ev[ev.kind != "api"].corr_id) <= set(api.corr_id)
+
+
+def test_no_records_give_an_empty_trace_with_the_schema() -> None:
+    tr = records_to_trace([], [(0, 10)], end_mark=20)
+    assert len(tr) == 0 and tr.meta["source"] == "cupti"
+    assert list(tr.events.columns)[:5] == ["row", "kind", "name", "start_ns", "end_ns"]

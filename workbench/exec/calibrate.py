@@ -457,12 +457,29 @@ def _probe_summary(tr: Trace, labels: Sequence[str]) -> dict[str, float]:
     return out
 
 
-def trace_executor(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int = 0,
-                   share: Any = None) -> tuple[Trace, dict[str, Any]]:
-    """A CUPTI trace of ``tokens`` decode steps on the cuda executor, graph capture included
-    (in token -1), and the executor's host times. Weights are drawn on the GPU (``share``: an
-    executor of the same model whose weights to reuse)."""
-    from ..trace.cupti import CuptiCapture, copies_from_plan, sites_from_plan
+@dataclass
+class _Prepared:
+    """One calibration run's executor, warmed up (kernels compiled, graph captured) before CUPTI
+    was ever enabled in the process, with its untraced timings."""
+
+    spec: ModelSpec
+    strategy: Strategy
+    ex: Any
+    ids: np.ndarray
+    host_ops: list[dict[str, Any]]
+    untraced_us_per_token: float
+
+
+def _steady_us(ex: Any, a: int, b: int | None) -> float:
+    us = (np.asarray(ex.times.end_ns[a:b]) - np.asarray(ex.times.start_ns[a:b])) / 1e3
+    return float(np.mean(us[1:])) if len(us) > 1 else float(us[0])
+
+
+def prepare_untraced(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int = 0, share: Any = None) -> _Prepared:
+    """Build and warm up the executor, then time ``tokens`` steps untraced with the host clock.
+
+    Must run before CUPTI is first enabled in the process: a CUDA graph instantiated once CUPTI
+    has been active stays instrumented (its launches keep costing ~0.5 us per node)."""
     from .cuda import CudaExecutor
 
     cfg = spec.config()
@@ -471,34 +488,35 @@ def trace_executor(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int =
     p0 = spec.pos
     if any(cfg.kv_len(p0 + i) != cfg.kv_len(p0) for i in range(tokens)):
         raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or another pos")
-    b = ex.prepare(p0)  # compile kernels (and capture) outside the measurement
+    ex.prepare(p0)  # compile kernels and capture outside the measurement
     ex.step(int(ids[0]), p0)
+    n1 = len(ex.times.start_ns)
+    host_ops = time_host_ops(ex, ids, p0)
+    return _Prepared(spec, strategy, ex, ids, host_ops, _steady_us(ex, n1, None))
+
+
+def trace_executor(pr: _Prepared) -> tuple[Trace, dict[str, Any]]:
+    """A CUPTI trace of the prepared run's decode steps, graph capture included (in token -1)."""
+    from ..trace.cupti import CuptiCapture, copies_from_plan, sites_from_plan
+
+    ex, p0, cfg = pr.ex, pr.spec.pos, pr.spec.config()
+    b = ex.prepare(p0)
     sites = sites_from_plan(b.plan, ex.kernel_of)
     b.graph = None  # captured again below, inside the trace
-    cap = CuptiCapture(sites, copies_from_plan(b.plan), model=cfg.name, strategy=strategy.label(), backend="cuda",
-                       device=ex.device).start()
+    cap = CuptiCapture(sites, copies_from_plan(b.plan), model=cfg.name, strategy=pr.strategy.label(),
+                       backend="cuda", device=ex.device).start()
     try:
         ex.prepare(p0)
         n0 = len(ex.times.start_ns)
-        for i, tok in enumerate(ids):
+        for i, tok in enumerate(pr.ids):
             ex.prepare(p0 + i)
             cap.mark_token(i)
             ex.step(int(tok), p0 + i)
     finally:
         tr = cap.stop()
-    n1 = len(ex.times.start_ns)
-    for i, tok in enumerate(ids):  # the same steps untraced: what tracing adds per API call
-        ex.prepare(p0 + i)
-        ex.step(int(tok), p0 + i)
-    host_ops = time_host_ops(ex, ids, p0)
-
-    def steady_us(a: int, b_: int | None) -> float:
-        us = (np.asarray(ex.times.end_ns[a:b_]) - np.asarray(ex.times.start_ns[a:b_])) / 1e3
-        return float(np.mean(us[1:])) if len(us) > 1 else float(us[0])
-
-    return tr, {"host_us_per_token": steady_us(n0, n1), "untraced_us_per_token": steady_us(n1, n1 + len(ids)),
-                "host_ops": host_ops,
-                "nodes": len(b.plan.launches), "device": ex.device, "device_name": ex.device_name, "executor": ex}
+    return tr, {"host_us_per_token": _steady_us(ex, n0, None), "untraced_us_per_token": pr.untraced_us_per_token,
+                "host_ops": pr.host_ops, "nodes": len(b.plan.launches), "device": ex.device,
+                "device_name": ex.device_name}
 
 
 def time_host_ops(ex: Any, ids: Sequence[int], p0: int) -> list[dict[str, Any]]:
@@ -544,28 +562,38 @@ def host_op_table(ops: Sequence[Mapping[str, Any]]) -> pd.DataFrame:
     nxt = df["start_ns"].shift(-1)
     same = df["token"].shift(-1) == df["token"]
     df["period_ns"] = np.where(same, nxt - df["start_ns"], np.nan)
+    df["duration_ns"] = df["end_ns"] - df["start_ns"]
     df["to_next_token_ns"] = np.where(~same & df["token"].shift(-1).notna(), nxt - df["end_ns"], np.nan)
     first = df["token"].min()
     return df[df["token"] > first]  # steady tokens
 
 
-def measure_models(specs: Iterable[ModelSpec], strategies: Mapping[str, Strategy], tokens: int = 12,
-                   seed: int = 0, log: Callable[[str], None] = print,
-                   keep: Callable[[str, Trace], None] | None = None) -> dict[str, Any]:
-    """Executor traces of each model under each strategy -> the tables the fit reads."""
-    runs: list[tuple[ModelSpec, str, Trace, dict[str, Any]]] = []
+def prepare_models(specs: Iterable[ModelSpec], strategies: Mapping[str, Strategy], tokens: int = 12,
+                   seed: int = 0, log: Callable[[str], None] = print) -> list[tuple[str, _Prepared]]:
+    """The untraced half: every calibration run prepared and timed before CUPTI is enabled."""
+    out = []
     for spec in specs:
         first = None
         for label, st in strategies.items():
-            t0 = time.perf_counter()
-            tr, info = trace_executor(spec, st, tokens, seed, share=first)
-            first = first or info.pop("executor")
-            info.pop("executor", None)
-            runs.append((spec, label, tr, info))
-            if keep is not None:
-                keep(f"{spec.label}/{label}", tr)
-            log(f"  {spec.label:28s} {label:22s} {info['host_us_per_token']:9.1f} us/token  "
-                f"{len(tr)} events  {time.perf_counter() - t0:.1f} s")
+            pr = prepare_untraced(spec, st, tokens, seed, share=first)
+            first = first or pr.ex
+            out.append((label, pr))
+            log(f"  {spec.label:32s} {label:22s} {pr.untraced_us_per_token:9.1f} us/token untraced")
+    return out
+
+
+def measure_models(prepared: Sequence[tuple[str, _Prepared]], log: Callable[[str], None] = print,
+                   keep: Callable[[str, Trace], None] | None = None) -> dict[str, Any]:
+    """The traced half: a CUPTI trace of each prepared run -> the tables the fit reads."""
+    runs: list[tuple[ModelSpec, str, Trace, dict[str, Any]]] = []
+    for label, pr in prepared:
+        t0 = time.perf_counter()
+        tr, info = trace_executor(pr)
+        runs.append((pr.spec, label, tr, info))
+        if keep is not None:
+            keep(f"{pr.spec.label}/{label}", tr)
+        log(f"  {pr.spec.label:32s} {label:22s} {info['host_us_per_token']:9.1f} us/token traced  "
+            f"{len(tr)} events  {time.perf_counter() - t0:.1f} s")
     return trace_tables(runs)
 
 
@@ -593,6 +621,8 @@ def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]
                                 "ns": float((inst["end_ns"] - inst["start_ns"]).sum())})
         cap_calls = host[host["name"].str.contains("StreamBeginCapture|StreamEndCapture")]
         rows.append({"model": spec.label, "strategy": label, "host_us_per_token": info.get("host_us_per_token"),
+                     **{f"spec_{k}": v for k, v in spec.to_dict().items()},
+                     "tokens": int(tr.events.loc[tr.events["token"] >= 0, "token"].nunique()),
                      "untraced_us_per_token": info.get("untraced_us_per_token"),
                      "calls_per_token": float(ap.groupby("token").size().median()) if len(ap) else 0.0,
                      "capture_call_ns": float((cap_calls["end_ns"] - cap_calls["start_ns"]).median())
@@ -658,10 +688,12 @@ def measure(specs: Sequence[ModelSpec] = CALIBRATION_MODELS,
     log(f"calibrating {env['gpu_name']} (driver {env['driver_version']}, CUDA runtime {env['cuda_runtime']})")
     raw: dict[str, Any] = {"format": 1, "environment": env, "gpu": gpu_key(env["gpu_name"]),
                            "models": [s.to_dict() for s in specs]}
+    log("executor runs, untraced (before CUPTI is first enabled)")
+    prepared = prepare_models(specs, strategies or CALIBRATION_STRATEGIES, tokens, log=log)
     log("device probes")
     raw["device"] = measure_device(log)
     log("executor traces")
-    raw.update(measure_models(specs, strategies or CALIBRATION_STRATEGIES, tokens, log=log, keep=keep))
+    raw.update(measure_models(prepared, log=log, keep=keep))
     return raw
 
 
@@ -816,27 +848,38 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
               "cuLaunchKernelEx with the PDL attribute", "eager+pdl")
     graph_ns = host_cost("graph_launch_ns", ["graphs+boundary", "graphs+pdl+implicit"], {"kind": "graph_launch"},
                          ("cudaGraphLaunch",), "cudaGraphLaunch", "graphs+boundary")
-    setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_start_ns"] - launch_ns),
-         f"probe: an empty kernel starts {pt['eager_start_after_call_start_ns']:.0f} ns after its launch call "
-         "starts on an idle GPU, minus the launch call's cost (host_profiles.python.launch_ns)")
-    setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_start_ns"] - graph_ns),
-         f"probe: a graph's first kernel starts {pt['graph_start_after_call_start_ns']:.0f} ns after cudaGraphLaunch "
-         "starts on an idle GPU (CUPTI-traced, which lengthens the call), minus the untraced call cost "
-         "(host_profiles.python.graph_launch_ns)")
+    def after_call(kind: str) -> float:
+        """Untraced host time from an op's return to the next op (the simulator's call cost
+        includes it, so the device latency after the call is shortened by it)."""
+        if ho.empty or "duration_ns" not in ho:
+            return float("nan")
+        m = ho[ho["kind"] == kind]
+        return _median(m["period_ns"] - m["duration_ns"])
+
+    tail = after_call("launch")
+    if tail == tail:
+        setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_end_ns"] - tail),
+             f"probe (CUPTI): an empty kernel starts {pt['eager_start_after_call_end_ns']:.0f} ns after its launch "
+             f"call returns on an idle GPU, minus the {tail:.0f} ns of host time after the call that "
+             "host_profiles.python.launch_ns already counts (host clock, untraced)")
+    else:
+        setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_start_ns"] - launch_ns),
+             f"probe: an empty kernel starts {pt['eager_start_after_call_start_ns']:.0f} ns after its launch call "
+             "starts on an idle GPU, minus the launch call's cost (host_profiles.python.launch_ns)")
+    tail = after_call("graph_launch")
+    if tail == tail:
+        setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_end_ns"] - tail),
+             f"probe (CUPTI): a graph's first kernel starts {pt['graph_start_after_call_end_ns']:.0f} ns after "
+             f"cudaGraphLaunch returns on an idle GPU, minus the {tail:.0f} ns of host time after the call that "
+             "host_profiles.python.graph_launch_ns already counts (host clock, untraced)")
+    else:
+        setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_start_ns"] - graph_ns),
+             f"probe: a graph's first kernel starts {pt['graph_start_after_call_start_ns']:.0f} ns after "
+             "cudaGraphLaunch starts on an idle GPU, minus the call's cost (host_profiles.python.graph_launch_ns)")
     host_cost("memcpy_async_ns", ["graphs+boundary", "graphs+pdl+implicit", "eager+qkv+boundary"],
               {"kind": ("memcpy_h2d", "memcpy_d2h"), "blocking": False}, ("cudaMemcpyAsync",),
               "cudaMemcpyAsync (pinned staging)", "graphs+boundary")
     # a blocking copy: the simulator charges the time until the copy starts, then the copy and a wake-up
-    per_copy = api[(api["strategy"] == "eager") & (api["name"] == "cudaMemcpy")]
-    after_issue = _median(per_copy["period_ns"] - per_copy["issue_ns"])
-    v, n = untraced(["eager", "eager+pdl"], kind="memcpy_h2d", blocking=True)
-    if n:
-        seth("memcpy_blocking_ns", v - after_issue, f"median {clock} the blocking cudaMemcpy (pageable staging, "
-             f"per-copy runs) minus the part after its copy starts on the device ({after_issue:.0f} ns: copy, "
-             "wake-up, next call; CUPTI)", n)
-    else:
-        seth("memcpy_blocking_ns", _median(per_copy["issue_ns"]), "median CUPTI time from a blocking cudaMemcpy's "
-             "start to its copy starting on the device (per-copy runs)", len(per_copy))
     v, n = untraced(["eager", "eager+pdl", "graphs+boundary", "eager+qkv+boundary"], kind="stream_sync", waits=False)
     if n:
         seth("stream_sync_ns", v, f"median {clock} cudaStreamSynchronize with no device work pending", n)
@@ -850,6 +893,18 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
          "median time from the end of the awaited device work to the host's next call over syncs that waited "
          f"inside a token (CUPTI), minus {cupti_ns:.0f} ns that CUPTI adds to a call (traced - untraced periods of "
          "the same calls)", len(within))
+    # a blocking copy: the simulator charges this, then the copy (memcpy_latency_ns + bytes / pcie_GBps), then
+    # the wake-up; the three together are the measured period
+    per_copy = api[(api["strategy"] == "eager") & (api["name"] == "cudaMemcpy")]
+    v, n = untraced(["eager", "eager+pdl"], kind="memcpy_h2d", blocking=True)
+    if n:
+        copy = d["memcpy_latency_ns"] + 16 / d["pcie_GBps"]
+        seth("memcpy_blocking_ns", v - copy - hp["sync_wakeup_ns"], f"median {clock} the blocking cudaMemcpy "
+             f"(pageable staging, per-copy runs), {v:.0f} ns, minus the copy ({copy:.0f} ns) and the wake-up "
+             "(sync_wakeup_ns) the simulator adds to it", n)
+    else:
+        seth("memcpy_blocking_ns", _median(per_copy["issue_ns"]), "median CUPTI time from a blocking cudaMemcpy's "
+             "start to its copy starting on the device (per-copy runs)", len(per_copy))
     # the host work between tokens (inputs, staging, logits) that no API call covers
     tok = ho["to_next_token_ns"].dropna() if "to_next_token_ns" in ho else pd.Series(dtype=float)
     if len(tok):
@@ -925,10 +980,95 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     setd("kernel_fixed_ns", max(min_fixed, pt["empty_duration_ns"]),
          "CUPTI duration of an empty 1-block kernel under graph replay (median of 64 x 5); used for kernel "
          "families the calibration did not measure")
+    out["measured"] = {"environment": env, "models": raw.get("models", []), "family_fits": fit_report}
+    _fit_untraced(out, raw, where)
     for k in [k for k in src if k.startswith("host_profiles.llama.cpp") and "python value" in str(src[k])]:
         src[k] = str(src[k]).replace("python value", "datasheet-era python value")
-    out["measured"] = {"environment": env, "models": raw.get("models", []), "family_fits": fit_report}
     return out
+
+
+def _fit_untraced(out: dict[str, Any], raw: Mapping[str, Any], where: str) -> None:
+    """Two corrections fitted so that the simulator matches the *untraced* us/token of the
+    calibration runs (CUPTI's own per-kernel timestamping lengthens the kernel and gap times the
+    fit above read from traces): a per-kernel offset taken off every family's fixed cost (graph
+    replay runs), then the eager launch gap (eager runs). Each is a 1-D golden-section search
+    on the mean squared log error; the held-out families play no part."""
+    from .sim import run_sim
+
+    runs = [r for r in raw.get("runs", []) if r.get("untraced_us_per_token") and "spec_model" in r]
+    if not runs:
+        return
+    d, src = out["device"], out["sources"]
+
+    def error(cal_dict: dict[str, Any], strategies: Sequence[str]) -> float:
+        cal = parse_calibration(cal_dict, "fit", "python")
+        errs = []
+        for r in runs:
+            if r["strategy"] not in strategies:
+                continue
+            spec = ModelSpec(r["spec_model"], r["spec_layers"], r["spec_context"], int(r["spec_pos"]))
+            us = run_sim(spec.config(), CALIBRATION_STRATEGIES[r["strategy"]], int(r["tokens"]), start_pos=spec.pos,
+                         calibration=cal).stats["us_per_token"]
+            errs.append(np.log(us / r["untraced_us_per_token"]) ** 2)
+        return float(np.mean(errs)) if errs else 0.0
+
+    def golden(f: Callable[[float], float], lo: float, hi: float, iters: int = 24) -> float:
+        g = (np.sqrt(5) - 1) / 2
+        a, b = lo, hi
+        c, e = b - g * (b - a), a + g * (b - a)
+        fc, fe = f(c), f(e)
+        for _ in range(iters):
+            if fc <= fe:
+                b, e, fe = e, c, fc
+                c = b - g * (b - a)
+                fc = f(c)
+            else:
+                a, c, fc = c, e, fe
+                e = a + g * (b - a)
+                fe = f(e)
+        return (a + b) / 2
+
+    graph_runs = [k for k in CALIBRATION_STRATEGIES if k.startswith("graphs")]
+    fams = out["families"]
+    floor = d["pdl_prologue_ns"] + d["pdl_first_read_setup_ns"]
+    room = max([d["kernel_fixed_ns"], *(f["fixed_ns"] for f in fams.values())]) - floor
+
+    def with_offset(x: float) -> dict[str, Any]:
+        """Every fixed cost less ``x``, none below what PDL overlaps (prologue + setup)."""
+        c = json.loads(json.dumps(out))
+        c["device"]["kernel_fixed_ns"] = max(floor, d["kernel_fixed_ns"] - x)
+        for f in c["families"].values():
+            f["fixed_ns"] = max(floor, f["fixed_ns"] - x)
+        return c
+
+    before = error(out, graph_runs)
+    x = golden(lambda v: error(with_offset(v), graph_runs), 0.0, max(0.0, room)) if room > 0 else 0.0
+    x = x if error(with_offset(x), graph_runs) < 0.9 * before else 0.0  # only a clear improvement counts
+    fixed = with_offset(x)
+    out["device"]["kernel_fixed_ns"] = round(fixed["device"]["kernel_fixed_ns"], 1)
+    for name, f in fixed["families"].items():
+        fams[name]["fixed_ns"] = round(f["fixed_ns"], 1)
+    note = (f"; minus {x:.0f} ns per kernel (not below pdl_prologue_ns + pdl_first_read_setup_ns) fitted so that "
+            "the simulator matches the untraced us/token of the calibration runs under graph replay (CUPTI's kernel "
+            "timestamps lengthen traced kernels)")
+    for k in [k for k in src if k.startswith("families.") and k.endswith(".fixed_ns")] + ["device.kernel_fixed_ns"]:
+        src[k] = str(src[k]) + note
+    eager_runs = ["eager", "eager+qkv+boundary"]
+    if any(r["strategy"] in eager_runs for r in runs):
+        cur = d["eager_dependency_gap_ns"]
+
+        def eager_error(v: float) -> float:
+            return error({**out, "device": {**out["device"], "eager_dependency_gap_ns": v}}, eager_runs)
+
+        gap = golden(eager_error, 0.0, 2 * cur + 1000.0)
+        if eager_error(gap) < 0.9 * eager_error(cur):  # only a clear improvement counts
+            d["eager_dependency_gap_ns"] = round(gap, 1)
+            src["device.eager_dependency_gap_ns"] = (f"{where}: fitted (golden-section search) so that the "
+                                                     "simulator matches the untraced us/token of the eager "
+                                                     f"calibration runs; CUPTI shows {cur:.0f} ns between queued "
+                                                     "eager kernels")
+    out.setdefault("measured", {})["untraced_fit"] = {"kernel_offset_ns": x, "graph_msle_before": before,
+                                                     "graph_msle_after": error(out, graph_runs)}
 
 
 # ------------------------------------------------------------------------------------------

@@ -34,7 +34,9 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from .table import API_ROW, MARKER_ROW, Trace, stream_row
+import pandas as pd
+
+from .table import API_ROW, COLUMNS, MARKER_ROW, Trace, stream_row
 
 if TYPE_CHECKING:  # pragma: no cover
     from ..strategy.plan import Plan
@@ -252,6 +254,8 @@ def records_to_trace(records: Iterable[Mapping[str, Any]], token_marks: Sequence
         row.pop("_rec", None)
     meta.setdefault("source", "cupti")
     meta["stream_map"] = {str(k): v for k, v in stream_map.items()}
+    if not rows:  # nothing recorded (no activity kind that produced records)
+        return Trace(pd.DataFrame({c: pd.Series(dtype=t) for c, t in COLUMNS.items()}), meta)
     return Trace.from_records(rows, **meta)
 
 
