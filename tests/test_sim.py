@@ -256,9 +256,12 @@ def test_stats_gaps_name_the_host_cause():
 
 def test_h200_is_faster_and_host_profiles_apply():
     cfg = preset("llama-3.2-1b", layers=2)
-    st = Strategy(graphs=True)
-    h100 = run_sim(cfg, st, 3).stats["us_per_token"]
-    h200 = run_sim(cfg, st, 3, gpu="h200").stats["us_per_token"]
+    # the H200's faster HBM streams the lm_head mat-vec sooner (the whole step is not compared: the
+    # H200 file is measured, with real per-kernel costs, the H100 one datasheet-based)
+    from workbench.models import build_graph
+
+    lm_head = build_graph(cfg).node("result_output")
+    h100, h200 = (kernel_cost(lm_head, load_calibration(g)).duration_ns for g in ("h100", "h200"))
     assert h200 < h100
     eager = Strategy()
     py = run_sim(cfg, eager, 3).stats["us_per_token"]
