@@ -1,24 +1,28 @@
 """``workbench calibrate``: measure the simulator's cost model on this GPU and write the file
 the simulator reads (``data/calibration/<gpu>.json``), each field with how it was measured.
 
-Two halves, so that fitting can be re-run without a GPU:
+Two halves, so that fitting can be re-run without a GPU (``--raw`` / ``--from-raw``):
 
-* **measure** (GPU, CUPTI): microbenchmarks with small probe kernels (device-to-device copy
-  bandwidth, a streaming read at growing grid sizes for latency x bytes in flight, an FMA
-  loop, empty-kernel chains under graph replay, a PDL chain of spin kernels, pinned and
-  pageable copies, three small grids on three streams), then CUPTI traces of the ``cuda``
-  executor decoding the calibration models under the strategies whose costs the simulator
-  needs (eager, eager + PDL, eager qkv, graphs, graphs + PDL; each sync pattern). The result
-  is one JSON document of raw numbers and per-kernel durations (``--raw``).
-* **fit** (pure): raw numbers -> calibration. Host costs are the periods of each API call in
-  the executor's own traces (call start to the next call's start: what the host thread really
-  spends per call, Python included); kernel costs per family are a least-squares fit, in
-  relative error, of ``fixed_ns + work_scale x roofline`` to the measured durations of every
-  kernel of the calibration models; PDL's overlap is measured per kernel boundary (graphs vs
+* **measure** (GPU), in this order in one process: (1) the ``cuda`` executor decodes the
+  calibration models under the strategies whose costs the simulator needs (eager, eager + PDL,
+  eager qkv, graphs, graphs + PDL; each sync pattern), every host op timed with the host clock,
+  *before CUPTI is first enabled* (a CUDA graph instantiated once CUPTI has been active stays
+  instrumented); (2) probe kernels (device-to-device copy, a streaming read at growing grid
+  sizes for latency x bytes in flight, an FMA loop, empty-kernel chains under graph replay, a
+  PDL chain of spin kernels, pinned and pageable copies, three small grids on three streams);
+  (3) the same executor runs traced with CUPTI (per-node kernel durations, API periods, PDL
+  boundaries, graph capture and instantiation).
+* **fit** (pure): raw numbers -> calibration. Host costs are the untraced periods of each host
+  op (op start to the next op's start: what the host thread really spends, Python included);
+  device latencies and waits come from CUPTI; kernel costs per family are a least-squares fit,
+  in relative error, of ``fixed_ns + work_scale x roofline`` to the traced durations of every
+  kernel of the calibration models, less the per-kernel time CUPTI's timestamps add (traced
+  minus untraced graph replays); PDL's overlap is measured per kernel boundary (graphs vs
   graphs + PDL) and summarised by the global parameters the simulator reads.
 
-Model families listed in ``--holdout`` are never measured here, so the fidelity report
-(``benchmarks/sim_fidelity.py``) can show the error on a family the fit has not seen.
+Only Llama shapes are measured (``CALIBRATION_MODELS``): the other families stay held out, so
+the fidelity report (``benchmarks/sim_fidelity.py``) shows the error on families the fit has
+not seen.
 """
 
 from __future__ import annotations
@@ -89,8 +93,6 @@ CALIBRATION_STRATEGIES: dict[str, Strategy] = {
     "graphs+boundary": Strategy(graphs=True, sync="boundary"),
     "graphs+pdl+implicit": Strategy(graphs=True, pdl=True, sync="implicit"),
 }
-#: families never measured by default (the fidelity report's held-out families)
-DEFAULT_HOLDOUT = ("qwen3", "qwen3_moe", "qwen3_next", "gpt_oss")
 
 PROBE_SRC = r"""
 extern "C" __global__ void wb_empty() {}
