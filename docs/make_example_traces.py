@@ -63,8 +63,8 @@ def main(argv: list[str] | None = None) -> int:
     OUT.mkdir(parents=True, exist_ok=True)
     (OUT / NSYS).unlink(missing_ok=True)
     write_nsys_sqlite(trace, OUT / NSYS, gpu_name=gpu)
-    with gzip.open(OUT / KINETO, "wt", encoding="utf-8") as f:
-        json.dump(kineto_json(trace), f, separators=(",", ":"))
+    with gzip.GzipFile(OUT / KINETO, "wb", mtime=0) as f:  # mtime 0: the same run gives the same bytes
+        f.write(json.dumps(kineto_json(trace), separators=(",", ":")).encode())
     facts = {k: meta.get(k) for k in ("recipe", "gpu_name", "driver", "cuda_runtime", "date", "tokens",
                                       "us_per_token", "strategy_knobs") if meta.get(k) is not None}
     (OUT / "README.md").write_text(
