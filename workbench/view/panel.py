@@ -254,7 +254,11 @@ class ControlPanel:
                     return
                 key = next(iter(self._jobs))
                 job = self._jobs.pop(key)
-            job()
+            try:
+                job()
+            except Exception as e:  # noqa: BLE001 - keep the worker (and wait()) alive whatever a job does
+                self.last_error = f"{type(e).__name__}: {e}"
+                self._show_status(f"<span style='color:#b00020'>{html.escape(self.last_error)}</span>")
 
     def _run_once(self) -> Entry | None:
         self.progress.value = 0
