@@ -103,6 +103,7 @@ def run_on_gpu(cfg, strategy: Strategy, bug: SeededBug | None, ids: list[int], w
         with mutated_compile(bug):
             ex = CudaExecutor(cfg, strategy, weights)
             for _ in range(repeats):
+                ex.reset()  # a fresh sequence: recurrent (GDN) states would otherwise carry over between runs
                 run = run_cuda(cfg, strategy, ids, executor=ex, start_pos=start_pos)
                 err = rel_errors(run.logits, ref)
                 bad = int((err > tol).sum() + (~np.isfinite(err)).sum())
