@@ -15,7 +15,7 @@ from workbench.strategy import Strategy
 
 SYNC = ("per-copy", "boundary", "implicit")
 GRAPHS = (False, True)
-STREAMS = ("single", "qkv")
+STREAMS = ("single", "qkv", "auto")
 PDL = ("off", "start", "first-read")
 FUSION = ("none", "fused")
 ALLOCATOR = ("stream-aware", "no-reuse")
