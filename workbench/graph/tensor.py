@@ -43,6 +43,19 @@ def contiguous_strides(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
     return tuple(reversed(strides))
 
 
+def runs_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
+    """True when two sorted lists of ``[lo, hi)`` byte runs share a byte (one merge pass)."""
+    i = j = 0
+    while i < len(a) and j < len(b):
+        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
+            return True
+        if a[i][1] <= b[j][1]:
+            i += 1
+        else:
+            j += 1
+    return False
+
+
 @dataclass(frozen=True)
 class Buffer:
     """A named allocation. ``kind`` says whether it lives across tokens (weights, caches,
@@ -141,16 +154,7 @@ class View:
             return False
         if self.end <= other.start or other.end <= self.start:
             return False
-        a, b = self.intervals(), other.intervals()
-        i = j = 0
-        while i < len(a) and j < len(b):
-            if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
-                return True
-            if a[i][1] <= b[j][1]:
-                i += 1
-            else:
-                j += 1
-        return False
+        return runs_overlap(self.intervals(), other.intervals())
 
     # -- derived views ------------------------------------------------------------------------
     def reshape(self, shape: tuple[int, ...]) -> View:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..graph.tensor import runs_overlap
 from .accesses import AccessTable
 from .hb import HappensBefore
 
@@ -28,19 +29,6 @@ class RacePair:
 
     first: int
     second: int
-
-
-def _runs_overlap(a: list[tuple[int, int]], b: list[tuple[int, int]]) -> bool:
-    """True when two sorted lists of byte runs share a byte (a merge, as View.overlaps)."""
-    i = j = 0
-    while i < len(a) and j < len(b):
-        if a[i][0] < b[j][1] and b[j][0] < a[i][1]:
-            return True
-        if a[i][1] <= b[j][1]:
-            i += 1
-        else:
-            j += 1
-    return False
 
 
 def _candidate_chunks(lo: np.ndarray, hi: np.ndarray) -> Iterator[tuple[np.ndarray, np.ndarray]]:
@@ -94,7 +82,7 @@ def find_races(hb: HappensBefore, table: AccessTable) -> tuple[list[RacePair], i
             if strided.any():
                 exact = np.ones(len(i), bool)
                 for k in np.flatnonzero(strided):
-                    exact[k] = _runs_overlap(runs(i[k]), runs(j[k]))
+                    exact[k] = runs_overlap(runs(i[k]), runs(j[k]))
                 i, j = i[exact], j[exact]
             checked += len(i)
             swap = col["op"][i] > col["op"][j]
