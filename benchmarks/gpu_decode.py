@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.exec.kernels import graph_replay_seconds  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
@@ -120,22 +121,7 @@ def kernel_times(cp, ex, pos: int, names: list[str], reps: int = 20) -> list[dic
             continue
         node = b.plan.launches[i].node
         s = ex._stream(b.plan.launches[i].stream)
-        s.begin_capture()
-        try:
-            for _ in range(reps):
-                b.handles[i]()
-        finally:
-            g = s.end_capture()
-        g.upload(s)
-        e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-        ts = []
-        for _ in range(7):
-            e0.record(s)
-            g.launch(s)
-            e1.record(s)
-            e1.synchronize()
-            ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3 / reps)
-        t = float(np.median(ts[2:]))
+        t = graph_replay_seconds(cp, s, b.handles[i], reps)
         out.append({"node": name, "op": node.op, "kernel": b.calls[i].name, "grid": list(b.calls[i].grid),
                     "us": t * 1e6, "bytes": node.bytes, "GBps": node.bytes / t / 1e9})
     return out

@@ -17,7 +17,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workbench.exec.kernels import Arg, LaunchHandle, compile_options, kernel_source  # noqa: E402
+from workbench.exec.kernels import (  # noqa: E402
+    Arg,
+    LaunchHandle,
+    compile_options,
+    graph_replay_seconds,
+    kernel_source,
+)
 
 SHAPES = [(8192, 2048), (2048, 8192), (2048, 2048), (512, 2048), (128256, 2048)]
 
@@ -60,20 +66,7 @@ def main(argv=None) -> int:
             h()
             s.synchronize()
             err = float(np.abs(d.get() - ref).max() / np.abs(ref).max())
-            s.begin_capture()
-            for _ in range(args.reps):
-                h()
-            g = s.end_capture()
-            g.upload(s)
-            e0, e1 = cp.cuda.Event(), cp.cuda.Event()
-            ts = []
-            for _ in range(7):
-                e0.record(s)
-                g.launch(s)
-                e1.record(s)
-                e1.synchronize()
-                ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3 / args.reps)
-            t = float(np.median(ts[2:]))
+            t = graph_replay_seconds(cp, s, h, args.reps)
             rows.append({"N": N, "K": K, "variant": name, "us": t * 1e6, "GBps": N * K * 2 / t / 1e9, "rel_err": err})
         best = sorted((r for r in rows if r["N"] == N and r["K"] == K), key=lambda r: r["us"])[:4]
         print(f"{N:6d} x {K:5d}: " + " | ".join(f"{r['variant']} {r['us']:.2f} us {r['GBps']:.0f} GB/s"

@@ -26,6 +26,8 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import numpy as np
+
 #: the repository's kernel sources (CUDA C for NVRTC, plus the Numba kernels)
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 #: source file stems (``kernels/<name>.cu``)
@@ -85,6 +87,28 @@ class Arg:
     def numel(self) -> int:
         a, b, c, d = self.shape
         return a * b * c * d
+
+
+def graph_replay_seconds(cp: Any, stream: Any, launch: Any, reps: int, rounds: int = 7, skip: int = 2) -> float:
+    """Device seconds per call of ``launch()``: ``reps`` calls captured in one CUDA graph and
+    replayed between events, so no host launch cost falls inside the timed interval (median of
+    ``rounds`` replays after the first ``skip``)."""
+    stream.begin_capture()
+    try:
+        for _ in range(reps):
+            launch()
+    finally:
+        graph = stream.end_capture()
+    graph.upload(stream)
+    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
+    ts = []
+    for _ in range(rounds):
+        e0.record(stream)
+        graph.launch(stream)
+        e1.record(stream)
+        e1.synchronize()
+        ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3 / reps)
+    return float(np.median(ts[skip:]))
 
 
 def ctype_of(value: Any) -> Any:
