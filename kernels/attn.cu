@@ -17,6 +17,30 @@ __device__ __forceinline__ float ldk(const char* p) {
     return *(const float*)p;
 }
 
+// The last block of head h: merge the S partials (max, sum, acc[D]) in a fixed order, add the
+// attention sink when the model has one, write the output.
+__device__ __forceinline__ void fa_combine_partials(TV& d, int D, int h, int S, float sink, int has_sinks,
+                                                    const float* ws) {
+    const int tid = threadIdx.x;
+    const volatile float* base = ws + (i64)h * S * (D + 2);
+    float Mg = has_sinks ? sink : -WB_INF;
+    for (int s = 0; s < S; ++s) Mg = fmaxf(Mg, base[(i64)s * (D + 2)]);
+    float Lg = has_sinks ? expf(sink - Mg) : 0.0f;
+    for (int s = 0; s < S; ++s) {
+        const float ms = base[(i64)s * (D + 2)];
+        if (ms != -WB_INF) Lg += base[(i64)s * (D + 2) + 1] * expf(ms - Mg);
+    }
+    const float inv = 1.0f / Lg;
+    for (int j = tid; j < D; j += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < S; ++s) {
+            const float ms = base[(i64)s * (D + 2)];
+            if (ms != -WB_INF) a += base[(i64)s * (D + 2) + 2 + j] * expf(ms - Mg);
+        }
+        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
+    }
+}
+
 // q: [H, D] (axes 2..3); k, v: [n_kv, H_kv, D] (axes 1..3); mask: [n_kv] (axis 3);
 // sinks: [H] (axis 3) when has_sinks; d: flat [H * D]. grid = (H, S), block = 32 * FA_WARPS.
 // ws: H * S * (D + 2) floats; tickets: H ints, zero between launches.
@@ -105,23 +129,7 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
     __syncthreads();
     if (is_last) {
         __threadfence();
-        const volatile float* base = ws + (i64)h * S * (D + 2);
-        float Mg = has_sinks ? sink : -WB_INF;
-        for (int s = 0; s < S; ++s) Mg = fmaxf(Mg, base[(i64)s * (D + 2)]);
-        float Lg = has_sinks ? expf(sink - Mg) : 0.0f;
-        for (int s = 0; s < S; ++s) {
-            const float ms = base[(i64)s * (D + 2)];
-            if (ms != -WB_INF) Lg += base[(i64)s * (D + 2) + 1] * expf(ms - Mg);
-        }
-        const float inv = 1.0f / Lg;
-        for (int j = tid; j < D; j += blockDim.x) {
-            float a = 0.0f;
-            for (int s = 0; s < S; ++s) {
-                const float ms = base[(i64)s * (D + 2)];
-                if (ms != -WB_INF) a += base[(i64)s * (D + 2) + 2 + j] * expf(ms - Mg);
-            }
-            stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
-        }
+        fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
         if (tid == 0) tickets[h] = 0;
     }
     PDL_TRIGGER(end);
@@ -145,23 +153,7 @@ __device__ __forceinline__ void fa_merge(TV& d, float m_blk, float l_blk, const 
     __syncthreads();
     if (!last) return;
     __threadfence();
-    const volatile float* base = ws + (i64)h * S * (D + 2);
-    float Mg = has_sinks ? sink : -WB_INF;
-    for (int s = 0; s < S; ++s) Mg = fmaxf(Mg, base[(i64)s * (D + 2)]);
-    float Lg = has_sinks ? expf(sink - Mg) : 0.0f;
-    for (int s = 0; s < S; ++s) {
-        const float ms = base[(i64)s * (D + 2)];
-        if (ms != -WB_INF) Lg += base[(i64)s * (D + 2) + 1] * expf(ms - Mg);
-    }
-    const float inv = 1.0f / Lg;
-    for (int j = tid; j < D; j += blockDim.x) {
-        float a = 0.0f;
-        for (int s = 0; s < S; ++s) {
-            const float ms = base[(i64)s * (D + 2)];
-            if (ms != -WB_INF) a += base[(i64)s * (D + 2) + 2 + j] * expf(ms - Mg);
-        }
-        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
-    }
+    fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
     if (tid == 0) tickets[h] = 0;
 }
 
