@@ -879,26 +879,22 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
         m = ho[ho["kind"] == kind]
         return _median(m["period_ns"] - m["duration_ns"])
 
-    tail = after_call("launch")
-    if tail == tail:
-        setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_end_ns"] - tail),
-             f"probe (CUPTI): an empty kernel starts {pt['eager_start_after_call_end_ns']:.0f} ns after its launch "
-             f"call returns on an idle GPU, minus the {tail:.0f} ns of host time after the call that "
-             "host_profiles.python.launch_ns already counts (host clock, untraced)")
-    else:
-        setd("launch_latency_ns", max(0.0, pt["eager_start_after_call_start_ns"] - launch_ns),
-             f"probe: an empty kernel starts {pt['eager_start_after_call_start_ns']:.0f} ns after its launch call "
-             "starts on an idle GPU, minus the launch call's cost (host_profiles.python.launch_ns)")
-    tail = after_call("graph_launch")
-    if tail == tail:
-        setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_end_ns"] - tail),
-             f"probe (CUPTI): a graph's first kernel starts {pt['graph_start_after_call_end_ns']:.0f} ns after "
-             f"cudaGraphLaunch returns on an idle GPU, minus the {tail:.0f} ns of host time after the call that "
-             "host_profiles.python.graph_launch_ns already counts (host clock, untraced)")
-    else:
-        setd("graph_launch_latency_ns", max(0.0, pt["graph_start_after_call_start_ns"] - graph_ns),
-             f"probe: a graph's first kernel starts {pt['graph_start_after_call_start_ns']:.0f} ns after "
-             "cudaGraphLaunch starts on an idle GPU, minus the call's cost (host_profiles.python.graph_launch_ns)")
+    def set_latency(field: str, kind: str, probe: str, call_cost: float, what: str, call: str) -> None:
+        """``field``: device start after the call, on the simulator's host time line."""
+        tail = after_call(kind)
+        if tail == tail:
+            setd(field, max(0.0, pt[f"{probe}_start_after_call_end_ns"] - tail),
+                 f"probe (CUPTI): {what} starts {pt[f'{probe}_start_after_call_end_ns']:.0f} ns after {call} "
+                 f"returns on an idle GPU, minus the {tail:.0f} ns of host time after the call that "
+                 f"host_profiles.python.{kind}_ns already counts (host clock, untraced)")
+        else:
+            setd(field, max(0.0, pt[f"{probe}_start_after_call_start_ns"] - call_cost),
+                 f"probe: {what} starts {pt[f'{probe}_start_after_call_start_ns']:.0f} ns after {call} "
+                 f"starts on an idle GPU, minus the call's cost (host_profiles.python.{kind}_ns)")
+
+    set_latency("launch_latency_ns", "launch", "eager", launch_ns, "an empty kernel", "its launch call")
+    set_latency("graph_launch_latency_ns", "graph_launch", "graph", graph_ns, "a graph's first kernel",
+                "cudaGraphLaunch")
     host_cost("memcpy_async_ns", ["graphs+boundary", "graphs+pdl+implicit", "eager+qkv+boundary"],
               {"kind": ("memcpy_h2d", "memcpy_d2h"), "blocking": False}, ("cudaMemcpyAsync",),
               "cudaMemcpyAsync (pinned staging)", "graphs+boundary")
