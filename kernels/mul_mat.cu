@@ -265,15 +265,12 @@ extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f32(TV d, TV w, T
     mmv_id<DT_F32>(d, w, x, ids, splits);
 }
 
-// Fallback for any layout the vector kernels cannot take (unaligned rows, K not a multiple of
-// the vector width): one warp per output element, scalar strided loads. Without ids, w rows
-// span TV axes 0..2 as in the vector kernel; with ids, w is [E, N, K] on axes 1..3.
-extern "C" __global__ void k_mul_mat_generic(TV d, TV w, TV x, TV ids, int has_ids) {
-    PDL_TRIGGER(start);
-    PDL_WAIT(start);
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int N = has_ids ? w.n[2] : tv_rows(w), K = w.n[3];
-    const int o = blockIdx.x * (blockDim.x >> 5) + warp;
+// Operands of output element ``o`` for the fallback mat-vecs (k_mul_mat_generic, k_mul_mat_cols):
+// the x row and the weight row (of expert ids[m] with ids). Holds the kernels' PDL waits: index
+// math before `first_read`, the first dependent reads (ids, x[0]) before `late`.
+__device__ __forceinline__ bool mm_fallback_operands(const TV& w, const TV& x, const TV& ids, int has_ids, int o,
+                                                     const char*& xr, const char*& wr, float& x0) {
+    const int N = has_ids ? w.n[2] : tv_rows(w);
     const int M = has_ids ? tv_numel(ids) : tv_rows(x);
     const bool valid = o < M * N;
     const int m = valid ? o / N : 0, n = valid ? o % N : 0;
@@ -281,10 +278,25 @@ extern "C" __global__ void k_mul_mat_generic(TV d, TV w, TV x, TV ids, int has_i
     PDL_WAIT(first_read);
     i64 e = 0;
     if (has_ids) e = ldi_v(ids.p + tv_off(ids, ids.n, m), ids.dt);
-    const char* xr = x.p + tv_row_off(x, x.n, has_ids ? (xrows > 1 ? m : 0) : m);
-    const float x0 = ldf_v(xr, x.dt);
+    xr = x.p + tv_row_off(x, x.n, has_ids ? (xrows > 1 ? m : 0) : m);
+    x0 = ldf_v(xr, x.dt);
     PDL_WAIT(late);
-    const char* wr = w.p + (has_ids ? e * w.s[1] + (i64)n * w.s[2] : tv_row_off(w, w.n, n));
+    wr = w.p + (has_ids ? e * w.s[1] + (i64)n * w.s[2] : tv_row_off(w, w.n, n));
+    return valid;
+}
+
+// Fallback for any layout the vector kernels cannot take (unaligned rows, K not a multiple of
+// the vector width): one warp per output element, scalar strided loads. Without ids, w rows
+// span TV axes 0..2 as in the vector kernel; with ids, w is [E, N, K] on axes 1..3.
+extern "C" __global__ void k_mul_mat_generic(TV d, TV w, TV x, TV ids, int has_ids) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int o = blockIdx.x * (blockDim.x >> 5) + warp;
+    const int K = w.n[3];
+    const char *xr, *wr;
+    float x0;
+    const bool valid = mm_fallback_operands(w, x, ids, has_ids, o, xr, wr, x0);
     float acc = 0.0f;
     if (valid)
         for (int k = lane; k < K; k += 32)
@@ -302,19 +314,11 @@ extern "C" __global__ void k_mul_mat_generic(TV d, TV w, TV x, TV ids, int has_i
 extern "C" __global__ void k_mul_mat_cols(TV d, TV w, TV x, TV ids, int has_ids) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    const int N = has_ids ? w.n[2] : tv_rows(w), K = w.n[3];
     const int o = blockIdx.x * blockDim.x + threadIdx.x;
-    const int M = has_ids ? tv_numel(ids) : tv_rows(x);
-    const bool valid = o < M * N;
-    const int m = valid ? o / N : 0, n = valid ? o % N : 0;
-    const int xrows = tv_rows(x);
-    PDL_WAIT(first_read);
-    i64 e = 0;
-    if (has_ids) e = ldi_v(ids.p + tv_off(ids, ids.n, m), ids.dt);
-    const char* xr = x.p + tv_row_off(x, x.n, has_ids ? (xrows > 1 ? m : 0) : m);
-    const float x0 = ldf_v(xr, x.dt);
-    PDL_WAIT(late);
-    const char* wr = w.p + (has_ids ? e * w.s[1] + (i64)n * w.s[2] : tv_row_off(w, w.n, n));
+    const int K = w.n[3];
+    const char *xr, *wr;
+    float x0;
+    const bool valid = mm_fallback_operands(w, x, ids, has_ids, o, xr, wr, x0);
     float acc = 0.0f;
     if (valid)
         for (int k = 0; k < K; ++k)
