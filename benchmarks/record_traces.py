@@ -8,7 +8,11 @@ Perfetto JSON (``workbench.trace.load_trace`` reads it back exactly):
 - ``llama-3.2-1b-L2_graphs-pdl``: graph replay + PDL (consecutive kernels overlap on a stream);
 - ``llama-3.2-1b-L2_graphs-qkv``: graph replay with Q, K and V on three streams;
 - ``llama-3.2-1b-L2_eager-per-copy``: eager launches, a sync before every input copy;
-- ``llama-3.2-1b_all-on``: all 16 layers, every knob of the four seeds on (a full-size timeline).
+- ``llama-3.2-1b_all-on``: all 16 layers, every knob of the four seeds on (a full-size timeline);
+- ``llama-3.2-1b_all-on_graph-level``: the same, traced as ``workbench run --trace`` does by
+  default: graph replays as one GRAPH_TRACE span per launch, the last 2 tokens kernel by kernel.
+
+``--only NAME[,NAME]`` records some recipes (the others' files stay as they are).
 """
 
 from __future__ import annotations
@@ -29,10 +33,15 @@ RECIPES: dict[str, tuple[ModelSpec, Strategy, int]] = {
     "llama-3.2-1b-L2_eager-per-copy": (ModelSpec("llama-3.2-1b", 2), Strategy(), 4),
     "llama-3.2-1b_all-on": (ModelSpec("llama-3.2-1b"), Strategy(graphs=True, pdl=True, streams="qkv",
                                                                 sync="implicit", allocator="stream-aware"), 3),
+    "llama-3.2-1b_all-on_graph-level": (ModelSpec("llama-3.2-1b"), Strategy(graphs=True, pdl=True, streams="qkv",
+                                                                            sync="implicit", allocator="stream-aware"),
+                                        6),
 }
+#: run_cuda tracing options of a recipe (default: every token kernel by kernel)
+TRACE_OPTIONS: dict[str, dict] = {"llama-3.2-1b_all-on_graph-level": {"graph_trace": "graph", "node_tokens": (4, 5)}}
 
 
-def record(out_dir: Path, seed: int = 0) -> list[Path]:
+def record(out_dir: Path, seed: int = 0, only: set[str] | None = None) -> list[Path]:
     from workbench.exec.calibrate import environment
     from workbench.exec.cuda import CudaExecutor, run_cuda
     from workbench.trace.perfetto import to_perfetto
@@ -41,10 +50,12 @@ def record(out_dir: Path, seed: int = 0) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
     for name, (spec, st, tokens) in RECIPES.items():
+        if only and name not in only:
+            continue
         cfg = spec.config()
         ex = CudaExecutor(cfg, st, "device", seed)
         run_cuda(cfg, st, 2, seed=seed, executor=ex)  # compile and capture before the traced run
-        run = run_cuda(cfg, st, tokens, seed=seed, executor=ex, trace=True)
+        run = run_cuda(cfg, st, tokens, seed=seed, executor=ex, trace=True, **TRACE_OPTIONS.get(name, {}))
         tr = run.trace
         tr.meta.update(recipe=name, tokens=tokens, strategy_knobs=st.to_dict(), gpu_name=env["gpu_name"],
                        driver=env.get("driver_version", ""), cuda_runtime=env.get("cuda_runtime", ""),
@@ -64,8 +75,13 @@ def record(out_dir: Path, seed: int = 0) -> list[Path]:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out-dir", type=Path, default=Path(__file__).resolve().parents[1] / "data" / "traces")
+    p.add_argument("--only", help=f"comma-separated recipes: {', '.join(RECIPES)}")
     args = p.parse_args()
-    record(args.out_dir)
+    only = set(args.only.split(",")) if args.only else None
+    unknown = sorted((only or set()) - set(RECIPES))
+    if unknown:
+        p.error(f"unknown recipe(s) {unknown}; choose from {', '.join(RECIPES)}")
+    record(args.out_dir, only=only)
     return 0
 
 

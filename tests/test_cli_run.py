@@ -93,3 +93,20 @@ def test_cuda_backend_dispatches_lazily(monkeypatch):
     monkeypatch.setitem(sys.modules, "workbench.exec.cuda", types.SimpleNamespace(run_cuda=run_cuda))
     assert main(["run", "--model", "llama-tiny", "--tokens", "3", "--backend", "cuda", "--pdl"]) == 2
     assert seen["cfg"] == "llama-tiny" and seen["strategy"].pdl and len(seen["tokens"]) == 3
+
+
+@pytest.mark.parametrize("text, tokens, expected", [
+    ("2", 8, ("graph", (6, 7))), ("0", 8, ("graph", ())), ("all", 8, ("node", ())), ("8", 8, ("node", ())),
+])
+def test_node_tokens_flag_picks_graph_level_tracing(text, tokens, expected):
+    from workbench.bench import graph_trace_from_arg
+
+    assert graph_trace_from_arg(text, tokens) == expected
+
+
+@pytest.mark.parametrize("text", ["-1", "some"])
+def test_node_tokens_flag_errors_name_the_fix(text):
+    from workbench.bench import graph_trace_from_arg
+
+    with pytest.raises(ValueError, match="--node-tokens"):
+        graph_trace_from_arg(text, 8)

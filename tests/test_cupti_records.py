@@ -113,3 +113,31 @@ def test_no_records_give_an_empty_trace_with_the_schema() -> None:
     tr = records_to_trace([], [(0, 10)], end_mark=20)
     assert len(tr) == 0 and tr.meta["source"] == "cupti"
     assert list(tr.events.columns)[:5] == ["row", "kind", "name", "start_ns", "end_ns"]
+
+
+def test_graph_level_records_become_one_span_per_replay_with_the_launch_token() -> None:
+    recs = [dict(src="runtime", start=0, end=10, corr=5, name="cudaGraphLaunch_v10000", tid=1, pid=1),
+            dict(src="graph", start=20, end=500, corr=5, stream=7, graph_id=3, device=0),
+            dict(src="runtime", start=600, end=610, corr=9, name="cudaGraphLaunch_v10000", tid=1, pid=1),
+            dict(src="graph", start=650, end=1100, corr=9, stream=7, graph_id=3, device=0)]
+    tr = records_to_trace(recs, [(0, 0), (1, 550)], end_mark=2000)
+    g = tr.events[tr.events["kind"] == "graph"].sort_values("start_ns")
+    assert list(g["token"]) == [0, 1] and list(g["row"]) == ["Stream 7", "Stream 7"]
+    assert list(g["name"]) == ["CUDA graph 3", "CUDA graph 3"] and list(g["corr_id"]) == [5, 9]
+    assert (g["graph_id"] == 3).all()
+
+
+def test_graph_level_capture_switches_kinds_per_token() -> None:
+    from workbench.trace.cupti import CuptiCapture
+
+    node = CuptiCapture()
+    assert node._kinds_for(detail=False) == list(CuptiCapture.KINDS) and not node.needs_fresh_graphs
+    cap = CuptiCapture(graph_trace="graph", node_tokens=[6, 7])
+    graph_kinds = cap._kinds_for(detail=False)
+    assert "GRAPH_TRACE" in graph_kinds and "CONCURRENT_KERNEL" not in graph_kinds
+    assert {"RUNTIME", "DRIVER", "MEMCPY", "SYNCHRONIZATION"} <= set(graph_kinds)
+    # node tokens: per-kernel records, and GRAPH_TRACE off (with it on, graph nodes give no kernels)
+    assert cap._kinds_for(detail=True) == list(CuptiCapture.KINDS)
+    assert cap.needs_fresh_graphs and cap.meta["node_tokens"] == [6, 7]
+    with pytest.raises(ValueError, match="'node'.*'graph'"):
+        CuptiCapture(graph_trace="nodes")

@@ -84,3 +84,24 @@ def test_per_copy_run_syncs_before_every_copy() -> None:
     h2d = ev[(ev["kind"] == "memcpy") & (ev["copy_kind"] == "H2D") & (ev["token"] >= 0)]
     calls = ev[(ev["row"] == API_ROW) & (ev["name"] == "cudaMemcpy")].set_index("corr_id")
     assert np.all(h2d["end_ns"].to_numpy() <= calls.loc[h2d["corr_id"], "end_ns"].to_numpy())
+
+
+def test_graph_level_trace_spans_replays_and_details_the_last_tokens() -> None:
+    """``workbench run --trace``'s default on a GPU: one GRAPH_TRACE span per graph replay, the
+    last 2 tokens kernel by kernel (where PDL overlap and the qkv streams show)."""
+    tr = _load("llama-3.2-1b_all-on_graph-level")
+    assert tr.meta["graph_trace"] == "graph" and list(tr.meta["node_tokens"]) == [4, 5]
+    ev = tr.events
+    spans = ev[(ev["kind"] == "graph") & (ev["token"] >= 0)].sort_values("token")
+    assert list(spans["token"]) == [0, 1, 2, 3]
+    launches = ev[(ev["row"] == API_ROW) & (ev["name"] == "cudaGraphLaunch")].set_index("corr_id")
+    assert (launches.loc[spans["corr_id"], "token"].to_numpy() == spans["token"].to_numpy()).all()
+    assert (launches.loc[spans["corr_id"], "end_ns"].to_numpy() <= spans["end_ns"].to_numpy()).all()
+    k = _kernels(tr)
+    assert set(k["token"]) == {4, 5} and (k["node"] != "").all() and k["stream"].nunique() == 3
+    overlaps = sum(int((g["start_ns"].to_numpy()[1:] < g["end_ns"].to_numpy()[:-1]).sum())
+                   for _, g in k.groupby(["token", "stream"]))
+    assert overlaps > 0, "PDL overlap shows in the node-detail tokens"
+    # a span covers its replay: about as long as the node tokens' first-to-last kernel
+    node_span = k.groupby("token").apply(lambda g: g["end_ns"].max() - g["start_ns"].min())
+    assert np.median(spans["end_ns"] - spans["start_ns"]) == pytest.approx(np.median(node_span), rel=0.3)

@@ -65,7 +65,28 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--host-profile", help="simulator host profile (default: the calibration's, 'python'); "
                                           "e.g. llama.cpp, llama.cpp-windows")
     p.add_argument("--trace", metavar="FILE", help=f"write the trace ({', '.join(TRACE_SUFFIXES)})")
+    p.add_argument("--node-tokens", default="2", metavar="N|all",
+                   help="cuda backend with --graphs: trace the last N tokens kernel by kernel and the others as "
+                        "one span per graph launch (like nsys --cuda-graph-trace=graph); 'all' traces every "
+                        "token per kernel, which costs +15-21 %% us/token instead of about +3 %% (H200, "
+                        "data/bench/trace_overhead_h200.md). Default 2")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def graph_trace_from_arg(text: str, tokens: int) -> tuple[str, tuple[int, ...]]:
+    """``--node-tokens`` -> (graph_trace, node_tokens) for ``run_cuda``: ``all`` = node-level
+    tracing of every token, ``N`` = graph-level tracing with node detail for the last N tokens."""
+    if str(text).strip().lower() == "all":
+        return "node", ()
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"--node-tokens {text!r}: give a number of tokens (e.g. 2) or 'all'") from None
+    if n < 0:
+        raise ValueError(f"--node-tokens {n}: must be >= 0 (0 = graph-level spans only) or 'all'")
+    if n >= tokens:
+        return "node", ()
+    return "graph", tuple(range(tokens - n, tokens))
 
 
 def cuda_available() -> tuple[bool, str]:
@@ -103,8 +124,10 @@ def run_backend(backend: str, cfg: ModelConfig, strategy: Strategy, tokens: list
                                "Use --backend sim to simulate the run on a calibrated H100/H200.")
         from .exec.cuda import run_cuda
 
+        graph_trace, node_tokens = graph_trace_from_arg(getattr(args, "node_tokens", "all"), len(tokens))
         wanted = {"tokens": tokens, "seed": args.seed, "start_pos": args.start_pos, "trace": bool(args.trace),
-                  "kernels": getattr(args, "kernels", "cupy")}
+                  "kernels": getattr(args, "kernels", "cupy"), "graph_trace": graph_trace,
+                  "node_tokens": node_tokens}
         params = inspect.signature(run_cuda).parameters
         accepts_any = any(p.kind is p.VAR_KEYWORD for p in params.values())
         kw = {k: v for k, v in wanted.items() if accepts_any or k in params}
@@ -176,6 +199,9 @@ def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) 
         out["logits_finite"] = s["logits_finite"]
     if args.trace:
         out["trace"] = str(args.trace)
+        for key in ("graph_trace", "node_tokens", "us_per_token_graph_level"):
+            if key in s:
+                out[key] = s[key]
     return _finite(out)
 
 
@@ -216,6 +242,10 @@ def describe(out: dict[str, Any]) -> str:
         lines.append(f"logits finite: {out['logits_finite']}")
     if out.get("trace"):
         lines.append(f"trace written to {out['trace']}")
+        if out.get("graph_trace") == "graph":
+            lines.append(f"  graph replays traced as one span per launch, kernel by kernel in tokens "
+                         f"{out.get('node_tokens') or 'none'} (--node-tokens); graph-level tokens: "
+                         f"{out.get('us_per_token_graph_level') or float('nan'):.1f} us/token")
     return "\n".join(lines)
 
 

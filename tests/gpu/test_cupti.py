@@ -77,6 +77,54 @@ def test_per_copy_trace_syncs_before_every_input_copy() -> None:
     assert list(h2d.sort_values("start_ns")["node"]) == list(run.plan.graph.inputs)
 
 
+def test_graph_level_trace_one_span_per_replay_and_kernels_in_node_tokens() -> None:
+    _needs_cupti()
+    from workbench.exec.cuda import run_cuda
+
+    run = run_cuda(CFG, Strategy(graphs=True, pdl=True, streams="qkv", sync="implicit"), 4, trace=True,
+                   graph_trace="graph", node_tokens=(3,))
+    ev = run.trace.events
+    spans = ev[(ev["kind"] == "graph") & (ev["token"] >= 0)]
+    assert sorted(spans["token"]) == [0, 1, 2]  # token 3 is traced per kernel instead
+    assert (spans["end_ns"] > spans["start_ns"]).all() and (spans["row"].str.startswith("Stream ")).all()
+    launches = ev[(ev["row"] == API_ROW) & (ev["name"] == "cudaGraphLaunch") & (ev["token"] >= 0)]
+    assert sorted(launches["token"]) == [0, 1, 2, 3]
+    assert set(spans["corr_id"]) <= set(launches["corr_id"])
+    k = ev[(ev["kind"] == "kernel") & (ev["token"] >= 0)]
+    assert set(k["token"]) == {3}
+    _check_nodes(run)
+    assert run.stats["graph_trace"] == "graph" and run.stats["node_tokens"] == [3]
+    assert run.stats["us_per_token_graph_level"] > 0
+
+
+def test_run_cli_traces_graph_level_by_default(tmp_path) -> None:
+    _needs_cupti()
+    import json
+    import subprocess
+    import sys
+
+    out = tmp_path / "t.json"
+    res = subprocess.run([sys.executable, "-m", "workbench.cli", "run", "--model", "llama-tiny", "--layers", "2",
+                          "--backend", "cuda", "--graphs", "--tokens", "5", "--trace", str(out), "--json"],
+                         capture_output=True, text=True, check=True)
+    info = json.loads(res.stdout)
+    assert info["graph_trace"] == "graph" and info["node_tokens"] == [3, 4]
+    from workbench.trace.io import load_trace
+
+    ev = load_trace(out).events
+    assert set(ev.loc[ev["kind"] == "kernel", "token"]) == {3, 4}
+    assert set(ev.loc[(ev["kind"] == "graph") & (ev["token"] >= 0), "token"]) == {0, 1, 2}
+
+
+def test_panel_runs_on_the_cuda_backend_with_a_cupti_timeline() -> None:
+    _needs_cupti()
+    from workbench.view.panel import run_model
+
+    run = run_model("llama-tiny", Strategy(graphs=True, pdl=True), tokens=4, layers=2, backend="cuda")
+    assert run.backend == "cuda" and run.trace.meta["source"] == "cupti"
+    assert set(run.trace.events.loc[run.trace.events["kind"] == "kernel", "token"]) == {2, 3}
+
+
 def test_trace_time_per_token_agrees_with_the_host_clock() -> None:
     _needs_cupti()
     from workbench.trace.stats import us_per_token

@@ -24,7 +24,7 @@ written:
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -287,6 +287,12 @@ class CudaExecutor:
         b.graph = graph
         self.captures += 1
 
+    def drop_graphs(self) -> None:
+        """Forget the captured CUDA graphs: the next ``prepare`` captures them again (CUPTI's
+        graph-level tracing only follows graphs instantiated after it was enabled)."""
+        for b in self._plans.values():
+            b.graph = None
+
     # -- one token ----------------------------------------------------------------------------
     def prepare(self, pos: int) -> _Bound:
         """Bind (and under graphs capture) the Plan of the step at ``pos``, outside any token."""
@@ -435,14 +441,18 @@ def _host_trace(times: StepTimes, **meta: Any) -> Trace:
 
 def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] = 8,
              weights: dict[str, np.ndarray] | None = None, seed: int = 0, kernels: str = "cupy",
-             trace: bool = False, start_pos: int = 0, executor: CudaExecutor | None = None) -> Run:
+             trace: bool = False, start_pos: int = 0, executor: CudaExecutor | None = None,
+             graph_trace: str = "node", node_tokens: Iterable[int] = ()) -> Run:
     """Decode ``tokens`` (a count of seeded random ids, or the ids) one step at a time on the GPU.
 
     ``weights``: HF-named storage arrays (default: ``random_weights`` of the model with ``seed``,
     the same the reference and ``workbench run`` use); ``kernels``: ``cupy`` (CUDA C through
     NVRTC) or ``numba`` (Numba kernels for the elementwise and normalisation ops); ``trace``:
     record a CUPTI timeline (``workbench.trace.cupti``; coarse CUDA-event spans without
-    cupti-python). Raises CudaBackendError without a GPU or CuPy (use ``--backend sim``) or when
+    cupti-python); ``graph_trace``/``node_tokens``: how graph replays are traced
+    (``CuptiCapture``: ``node`` = every kernel, ``graph`` = one span per graph launch except for
+    the ``node_tokens``; eager strategies are always traced per kernel). Raises CudaBackendError
+    without a GPU or CuPy (use ``--backend sim``) or when
     the model does not fit (use ``--layers``), StrategyError for PDL below compute capability 9.0.
     """
     ex = executor or CudaExecutor(cfg, strategy, weights, seed, kernels)
@@ -457,7 +467,10 @@ def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] =
         first = ex.prepare(start_pos)
         capture = open_capture(sites_from_plan(first.plan, ex.kernel_of), copies_from_plan(first.plan),
                                stream=ex._stream(0), model=cfg.name, strategy=strategy.label(), backend="cuda",
-                               device=ex.device).start()
+                               device=ex.device, graph_trace=graph_trace if strategy.graphs else "node",
+                               node_tokens=tuple(node_tokens)).start()
+        if getattr(capture, "needs_fresh_graphs", False):
+            ex.drop_graphs()
     logits = []
     n0 = len(ex.times.start_ns)
     for i, tok in enumerate(ids):
@@ -487,6 +500,13 @@ def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] =
         "memory_bytes": ex.persistent_bytes + ex._arena_bytes,
         "captures": ex.captures,
     })
+    if capture is not None:
+        stats["graph_trace"] = getattr(capture, "graph_trace", "events")
+        if stats["graph_trace"] == "graph":  # tokens traced at graph level only (cheap), for overhead checks
+            nodes = set(getattr(capture, "node_tokens", ()))
+            rest = [u for i, u in enumerate(us) if i > 0 and i not in nodes]
+            stats["node_tokens"] = sorted(nodes)
+            stats["us_per_token_graph_level"] = float(np.mean(rest)) if rest else float("nan")
     return Run("cuda", ex.device, last.plan, np.stack(logits), tr, stats,
                {"kernels": kernels, "token_us": us.tolist(), "start_pos": start_pos, "executor": ex})
 

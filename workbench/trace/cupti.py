@@ -214,10 +214,11 @@ def records_to_trace(records: Iterable[Mapping[str, Any]], token_marks: Sequence
 
     kernels: dict[int, list[dict[str, Any]]] = {}
     for r in recs:
-        if r["src"] not in ("kernel", "memcpy", "memset"):
+        if r["src"] not in ("kernel", "memcpy", "memset", "graph"):
             continue
         tok, issued, pid = device_token(r)
-        row = dict(row=stream_row(int(r["stream"])), name=r["name"], start_ns=r["start"], end_ns=r["end"],
+        name = f"CUDA graph {r.get('graph_id', 0)}" if r["src"] == "graph" else r["name"]
+        row = dict(row=stream_row(int(r["stream"])), name=name, start_ns=r["start"], end_ns=r["end"],
                    stream=r["stream"], corr_id=r["corr"], token=tok, graph_id=r.get("graph_id", 0),
                    bytes=r.get("bytes", 0), pid=pid, device=r.get("device", -1), _issued=issued, _rec=r)
         if r["src"] == "kernel":
@@ -294,6 +295,9 @@ def activity_record(a: Any, names: dict[tuple[str, int], str]) -> dict[str, Any]
                     stream=a.stream_id, graph_id=a.graph_id, graph_node_id=a.graph_node_id,
                     grid=(a.grid_x, a.grid_y, a.grid_z), block=(a.block_x, a.block_y, a.block_z),
                     device=a.device_id)
+    if kind == "GRAPH_TRACE":
+        return dict(src="graph", start=a.start, end=a.end, corr=a.correlation_id, stream=a.stream_id,
+                    graph_id=a.graph_id, device=a.device_id)
     if kind in ("RUNTIME", "DRIVER"):
         key = (kind, a.cbid)
         if key not in names:
@@ -340,23 +344,76 @@ class CuptiCapture:
     """Context manager: enable CUPTI activity on ``start``, convert on ``stop``.
 
     Usage: ``cap.start(); for i: cap.mark_token(i); <token i>; trace = cap.stop()``.
+
+    ``graph_trace`` follows Nsight Systems' ``--cuda-graph-trace``: ``node`` records every
+    kernel of a graph replay (what PDL overlap and stream concurrency need to be seen),
+    ``graph`` records one GRAPH_TRACE span per graph launch instead, except in ``node_tokens``,
+    which get node detail. Launches outside a graph are recorded per kernel in both modes.
+    Why both (H200, llama-3.2-1b, ``benchmarks/trace_overhead.py``, ``data/bench/
+    trace_overhead_h200.md``): per-node records make CUPTI instrument every graph launch
+    (cudaGraphLaunch 2 -> 50 us) and cost +15-21 % us/token; graph spans cost about +3 %.
+    Two CUPTI 13.0 behaviours shape the code: GRAPH_TRACE crashes the process when a graph
+    instantiated before it was enabled is launched (so a graph-level capture needs the graphs
+    captured again after ``start``: ``needs_fresh_graphs``), and with GRAPH_TRACE on, graph
+    nodes give no kernel records (so node tokens switch it off). Detaching CUPTI after a
+    capture (``cuptiFinalize``) would undo the few % it keeps costing untraced, but a later
+    graph-level capture then hits illegal-address errors, so the capture stays attached.
     """
 
     #: what a capture records by default (CONCURRENT_KERNEL, not KERNEL: see the module docstring)
     KINDS = ("CONCURRENT_KERNEL", "RUNTIME", "DRIVER", "MEMCPY", "MEMSET", "SYNCHRONIZATION")
+    #: kinds recorded per graph node, which graph-level tokens leave off (copies and memsets
+    #: outside graphs stay recorded: with graphs instantiated under GRAPH_TRACE they cost no
+    #: measurable time, benchmarks/trace_overhead.py)
+    DETAIL_KINDS = ("CONCURRENT_KERNEL",)
+    GRAPH_TRACES = ("node", "graph")
 
     def __init__(self, sites: Sequence[KernelSite] = (), copies: Sequence[tuple[str, str]] = (),
-                 kinds: Sequence[str] = KINDS, **meta: Any):
+                 kinds: Sequence[str] = KINDS, graph_trace: str = "node", node_tokens: Iterable[int] = (),
+                 **meta: Any):
+        if graph_trace not in self.GRAPH_TRACES:
+            raise ValueError(f"graph_trace={graph_trace!r}: use 'node' (every kernel of a graph replay) or "
+                             "'graph' (one span per graph launch, node detail only for node_tokens)")
         self.sites, self.copies, self.meta = list(sites), list(copies), dict(meta)
         self.kind_names = tuple(kinds)
+        self.graph_trace = graph_trace
+        self.node_tokens = frozenset(int(t) for t in node_tokens)
         self._raw: list[dict[str, Any] | None] = []
         self._names: dict[tuple[str, int], str] = {}
         self.marks: list[tuple[int, int]] = []
         self.end_mark: int | None = None
-        self._kinds: list[Any] = []
+        self._enabled: list[str] = []
+        self.meta.update(graph_trace=graph_trace, node_tokens=sorted(self.node_tokens))
 
     def _convert(self, a: Any) -> dict[str, Any] | None:
         return activity_record(a, self._names)
+
+    @property
+    def needs_fresh_graphs(self) -> bool:
+        """CUPTI 13.0 crashes the process when GRAPH_TRACE is on while a graph instantiated
+        before it was enabled is launched (measured on an H200): a graph-level capture needs the
+        executor to capture its graphs again after ``start``."""
+        return self.graph_trace == "graph"
+
+    def _kinds_for(self, detail: bool) -> list[str]:
+        """Activity kinds to record for a token with (or without) node detail."""
+        if self.graph_trace == "node":
+            return list(self.kind_names)
+        if detail:  # with GRAPH_TRACE on, CUPTI gives no kernel records for graph nodes (measured)
+            return list(self.kind_names)
+        return [k for k in self.kind_names if k not in self.DETAIL_KINDS] + ["GRAPH_TRACE"]
+
+    def _switch(self, kinds: Sequence[str]) -> None:
+        """Record ``kinds`` from now on: disable what is no longer wanted first (CUPTI refuses
+        GRAPH_TRACE together with per-node kernel records), then enable the rest."""
+        from cupti import cupti
+
+        for k in [k for k in self._enabled if k not in kinds]:
+            cupti.activity_disable(cupti.ActivityKind[k])
+            self._enabled.remove(k)
+        for k in [k for k in kinds if k not in self._enabled]:
+            cupti.activity_enable(cupti.ActivityKind[k])
+            self._enabled.append(k)
 
     def start(self) -> CuptiCapture:
         from cupti import cupti
@@ -367,15 +424,21 @@ class CuptiCapture:
             cupti.activity_register_callbacks(_Router.request, _Router.complete)
             _Router.registered = True
         _Router.target = self
-        self._kinds = [cupti.ActivityKind[k] for k in self.kind_names]
-        for k in self._kinds:
-            cupti.activity_enable(k)
+        try:
+            self._switch(self._kinds_for(detail=False))
+        except Exception:
+            self._switch([])
+            _Router.target = None
+            raise
         return self
 
     def mark_token(self, token: int) -> None:
-        """Call at the start of token ``token``'s host program (outside any stream capture)."""
+        """Call at the start of token ``token``'s host program (outside any stream capture);
+        switches between node detail and graph spans where ``node_tokens`` asks for it."""
         from cupti import cupti
 
+        if self.graph_trace == "graph":
+            self._switch(self._kinds_for(detail=token in self.node_tokens))
         self.marks.append((token, int(cupti.get_timestamp())))
 
     def stop(self) -> Trace:
@@ -385,8 +448,7 @@ class CuptiCapture:
         try:
             cupti.activity_flush_all(1)
         finally:
-            for k in self._kinds:
-                cupti.activity_disable(k)
+            self._switch([])
             cupti.activity_flush_all(1)
             _Router.target = None
         return self.trace()

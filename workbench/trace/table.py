@@ -12,7 +12,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-KINDS = ("api", "kernel", "memcpy", "memset", "sync", "marker")
+#: ``graph``: one CUDA graph execution on a stream, recorded at graph level (CUPTI GRAPH_TRACE,
+#: Nsight Systems' ``--cuda-graph-trace=graph``) instead of one event per kernel node
+KINDS = ("api", "kernel", "memcpy", "memset", "sync", "marker", "graph")
 
 #: column -> dtype. ``stream``/``corr_id``/``token`` are -1 where not applicable; ``node`` is ""
 #: for events without a graph node. ``graph_id`` > 0 marks work replayed from a CUDA graph.

@@ -521,7 +521,10 @@ def run_model(model: str | ModelConfig, strategy: Strategy | None = None, *, tok
 
     cfg = model if isinstance(model, ModelConfig) else load_config(model, layers=layers, context=context)
     ids = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)]
-    args = argparse.Namespace(start_pos=position, gpu=gpu, host_profile=host, seed=seed)
+    # on a GPU the panel's timeline is a CUPTI trace: graph replays as one span per launch, the
+    # last 2 tokens kernel by kernel (what `workbench run --trace` does by default)
+    args = argparse.Namespace(start_pos=position, gpu=gpu, host_profile=host, seed=seed, trace=True,
+                              node_tokens="2", kernels="cupy")
     return run_backend(backend or available_backends()[0], cfg, strategy or Strategy(), ids, args)
 
 

@@ -42,7 +42,7 @@ CLASSES: dict[str, tuple[str, str]] = {
     "d2d": ("Memcpy DtoD", "#8e6bbf"),
     "memset": ("Memset", "#29a3a3"),
     "sync": ("Synchronization", "#f28e2b"),
-    "graph": ("Graph launch", "#e3b505"),
+    "graph": ("CUDA graph", "#e3b505"),
     "api": ("CUDA API", "#b3a58c"),
     "marker": ("NVTX", "#76b7b2"),
 }
@@ -67,7 +67,8 @@ def _darker(color: str, f: float = 0.7) -> str:
 
 
 CLASS_NAMES = tuple(CLASSES)
-_KIND_CLASS = {"kernel": "kernel", "memset": "memset", "sync": "sync", "marker": "marker", "memcpy": "d2d"}
+_KIND_CLASS = {"kernel": "kernel", "memset": "memset", "sync": "sync", "marker": "marker", "memcpy": "d2d",
+               "graph": "graph"}
 _COPY_CLASS = {"H2D": "h2d", "D2H": "d2h"}
 
 
@@ -139,7 +140,7 @@ HOVER = {
     "d2d": "stream %{customdata[1]} · token %{customdata[2]} · corr %{customdata[3]}",
     "memset": "stream %{customdata[1]} · token %{customdata[2]} · corr %{customdata[3]}",
     "sync": "stream %{customdata[1]} · token %{customdata[2]} · corr %{customdata[3]}",
-    "graph": "token %{customdata[2]} · corr %{customdata[3]}",
+    "graph": "stream %{customdata[1]} · token %{customdata[2]} · corr %{customdata[3]}",
     "api": "token %{customdata[2]} · corr %{customdata[3]}",
     "marker": "token %{customdata[2]}",
 }
