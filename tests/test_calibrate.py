@@ -13,7 +13,7 @@ from workbench.exec.calibrate import (
     CALIBRATION_STRATEGIES,
     ModelSpec,
     fit,
-    fit_family,
+    fit_kernels,
     trace_tables,
 )
 from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
@@ -112,6 +112,11 @@ def test_fit_gives_the_simulators_device_costs_back(round_trip) -> None:
     for fam, fc in out["families"].items():
         assert fc["work_scale"] == pytest.approx(1.0, rel=0.02), fam
         assert fc["fixed_ns"] == pytest.approx(cal.kernel_fixed_ns, rel=0.02), fam
+    # and so does each op's fit, and each fit of an op on one of its executor kernels
+    assert {"MUL_MAT", "RMS_NORM", "FLASH_ATTN_EXT", "MUL_MAT/k_mul_mat_vec_rows_f16"} <= set(out["ops"])
+    for op, fc in out["ops"].items():
+        assert fc["work_scale"] == pytest.approx(1.0, rel=0.02), op
+        assert fc["fixed_ns"] == pytest.approx(cal.kernel_fixed_ns, rel=0.02), op
 
 
 def test_fitted_file_loads_with_a_source_for_every_field(round_trip) -> None:
@@ -134,9 +139,16 @@ def test_a_missing_family_source_is_refused(round_trip) -> None:
         parse_calibration(broken, "broken")
 
 
-def test_family_fit_is_relative_least_squares() -> None:
+def test_kernel_fit_is_absolute_least_squares() -> None:
     r = np.array([0.0, 1000.0, 5000.0, 20000.0])
-    fixed, scale, err = fit_family(1500 + 1.3 * r, r)
-    assert fixed == pytest.approx(1500) and scale == pytest.approx(1.3) and err < 1e-9
-    fixed, scale, _ = fit_family(1500 + 1.3 * r, r, min_fixed=2000)
-    assert fixed == 2000 and 1.0 < scale < 1.3
+    f = fit_kernels(1500 + 1.3 * r, r)
+    assert f.fixed_ns == pytest.approx(1500) and f.work_scale == pytest.approx(1.3) and f.median_rel_err < 1e-9
+    f = fit_kernels(1500 + 1.3 * r, r, min_fixed=2000)
+    assert f.fixed_ns == 2000 and 1.0 < f.work_scale < 1.3 and "floor" in f.how
+    # absolute error: the residuals sum to zero, so the kernels' total time is reproduced
+    d = np.array([1800.0, 2100.0, 9000.0, 30000.0])
+    f = fit_kernels(d, r)
+    assert (f.fixed_ns + f.work_scale * r).sum() == pytest.approx(d.sum())
+    # one size: the slope is not identifiable, the roofline is kept and the fixed part fitted
+    f = fit_kernels(np.array([2000.0, 2200.0, 2100.0]), np.array([100.0, 100.0, 100.0]))
+    assert f.work_scale == 1.0 and f.fixed_ns == pytest.approx(2000) and "no slope" in f.how

@@ -14,15 +14,18 @@ Two halves, so that fitting can be re-run without a GPU (``--raw`` / ``--from-ra
   boundaries, graph capture and instantiation).
 * **fit** (pure): raw numbers -> calibration. Host costs are the untraced periods of each host
   op (op start to the next op's start: what the host thread really spends, Python included);
-  device latencies and waits come from CUPTI; kernel costs per family are a least-squares fit,
-  in relative error, of ``fixed_ns + work_scale x roofline`` to the traced durations of every
-  kernel of the calibration models, less the per-kernel time CUPTI's timestamps add (traced
-  minus untraced graph replays); PDL's overlap is measured per kernel boundary (graphs vs
-  graphs + PDL) and summarised by the global parameters the simulator reads.
+  device latencies and waits come from CUPTI; kernel costs are least-squares fits, in
+  absolute error (``fit_kernels`` says why), of ``fixed_ns + work_scale x roofline`` to the
+  graph-replay durations of the calibration models' kernels less the per-kernel time CUPTI's
+  timestamps add (traced minus untraced graph replays): one per ggml op measured (and per
+  executor kernel where an op ran on several), one per kernel family as the fallback for ops
+  not measured; PDL's overlap is measured per kernel boundary (graphs vs graphs + PDL) and
+  summarised by the global parameters the simulator reads. ``calibration_run_errors`` (``--check``)
+  predicts the calibration runs with the result.
 
-Only Llama shapes are measured (``CALIBRATION_MODELS``): the other families stay held out, so
-the fidelity report (``benchmarks/sim_fidelity.py``) shows the error on families the fit has
-not seen.
+By default only Llama shapes are measured (``CALIBRATION_MODELS``; ``--models`` adds others):
+the families left out stay held out, so the fidelity report (``benchmarks/sim_fidelity.py``)
+shows the error on families the fit has not seen.
 """
 
 from __future__ import annotations
@@ -44,7 +47,7 @@ import pandas as pd
 from ..models import ModelConfig, load_config
 from ..strategy import Strategy
 from ..trace import Trace
-from .calibration import CALIBRATION_DIR, parse_calibration
+from .calibration import CALIBRATION_DIR, Calibration, parse_calibration
 
 # ------------------------------------------------------------------------------------------
 # what is measured
@@ -707,25 +710,140 @@ def _median(x: Iterable[float]) -> float:
     return float(np.median(a)) if len(a) else float("nan")
 
 
-def fit_family(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 0.0) -> tuple[float, float, float]:
-    """``duration ~ fixed + scale x roofline`` by least squares in relative error (each kernel
-    weighs 1/duration); returns (fixed_ns, scale, median relative error of the fit). Where the
-    roofline varies by less than a tenth of the typical duration the slope is not identifiable:
-    the roofline is kept (scale 1) and only the fixed part is fitted."""
+#: measured kernels an op (or an op's executor kernel) needs for a fit of its own; with fewer it
+#: takes its kernel family's
+MIN_OP_KERNELS = 3
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    """``duration ~ fixed_ns + work_scale x roofline`` for one group of kernels, how it was
+    fitted (``how``, for the calibration's sources) and its median relative error."""
+
+    fixed_ns: float
+    work_scale: float
+    median_rel_err: float
+    how: str
+
+
+def fit_kernels(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 0.0) -> KernelFit:
+    """``duration ~ fixed + scale x roofline`` by least squares in *absolute* error.
+
+    Absolute, not relative, because what the simulator must reproduce is us/token, a sum of
+    kernel durations: with an intercept the residuals of an absolute fit sum to zero, so the
+    fitted kernels' total time over the calibration tokens comes out exact, and each kernel
+    weighs by its duration (a 150 us lm_head mat-vec counts for what its time is worth, not as
+    one of a hundred 2 us kernels). A relative fit weighs every kernel alike and lets the few big
+    ones, most of a token, drift. The price: small kernels sharing a fit with big ones get larger
+    relative errors, so kernels that differ in kind are fitted apart (per op, and per executor
+    kernel where an op has several).
+
+    Where the roofline varies by less than a tenth of the typical duration (one size, or sizes
+    the roofline cannot tell apart) the slope is not identifiable: the roofline is kept (scale 1)
+    and only the fixed part is fitted. Where durations fall as the roofline grows, a constant."""
     d, r = np.asarray(durations, float), np.asarray(roofline, float)
-    w = 1.0 / np.maximum(d, 1.0)
-    A = np.stack([np.ones_like(r), r], axis=1) * w[:, None]
+    sizes = len(np.unique(np.round(r, 3)))
+    how = f"least-squares fit (absolute error) of fixed + scale x roofline to {len(d)} kernels ({sizes} sizes)"
     if len(d) >= 2 and np.ptp(r) > 0.1 * np.median(d):
-        (fixed, scale), *_ = np.linalg.lstsq(A, d * w, rcond=None)
-    else:  # the roofline hardly varies: its slope is not identifiable, keep it and fit the fixed part
-        fixed, scale = float(np.median(d - r)), 1.0
-    if scale <= 0:  # durations do not grow with the roofline: a constant
-        fixed, scale = float(np.median(d)), 0.0
+        A = np.stack([np.ones_like(r), r], axis=1)
+        (fixed, scale), *_ = np.linalg.lstsq(A, d, rcond=None)
+    else:
+        fixed, scale = float(np.mean(d - r)), 1.0
+        how = (f"mean of duration - roofline over {len(d)} kernels ({sizes} sizes; roofline spread {np.ptp(r):.0f} ns, "
+               "under a tenth of a typical duration: no slope fitted, scale 1)")
+    if scale <= 0:
+        fixed, scale = float(np.mean(d)), 0.0
+        how = (f"mean duration of {len(d)} kernels ({sizes} sizes; durations do not grow with the roofline: "
+               "a constant, scale 0)")
     if fixed < min_fixed:  # keep the fixed part >= what PDL overlaps; refit the slope
         fixed = min_fixed
-        scale = max(0.0, float(np.sum(w * w * r * (d - fixed)) / max(np.sum(w * w * r * r), 1e-30)))
+        scale = max(0.0, float(np.sum(r * (d - fixed)) / max(np.sum(r * r), 1e-30)))
+        how += f", fixed part held at its floor {min_fixed:.0f} ns (pdl_prologue_ns + pdl_first_read_setup_ns)"
     pred = fixed + scale * r
-    return float(fixed), float(scale), float(np.median(np.abs(pred - d) / d))
+    return KernelFit(float(fixed), float(scale), float(np.median(np.abs(pred - d) / d)), how)
+
+
+def _fit_groups(kern: pd.DataFrame, by: str, label: str, min_kernels: int, min_fixed: float,
+                what: str) -> tuple[dict[str, tuple[dict[str, float], str]], list[dict[str, Any]]]:
+    """A ``fit_kernels`` per value of column ``by`` with at least ``min_kernels`` kernels:
+    ``{name: ({fixed_ns, work_scale}, source text)}`` and report rows (``label``: the name's key
+    there). ``what`` says where the durations come from."""
+    fits, report = {}, []
+    for name, grp in kern.groupby(by):
+        if len(grp) < min_kernels:
+            continue
+        f = fit_kernels(grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy(), min_fixed)
+        fits[str(name)] = ({"fixed_ns": round(f.fixed_ns, 1), "work_scale": round(f.work_scale, 4)},
+                           f"{f.how} {what}; median fit error {100 * f.median_rel_err:.1f}%")
+        report.append({label: str(name), "kernels": len(grp), "sizes": int(grp["roofline_ns"].round(3).nunique()),
+                       "fixed_ns": f.fixed_ns, "work_scale": f.work_scale, "median_rel_err": f.median_rel_err,
+                       "measured_us": float(grp["duration_ns"].sum() / 1e3)})
+    return fits, report
+
+
+def _spec_plans(kt: pd.DataFrame, strategy: str) -> Iterable[tuple[tuple, pd.DataFrame, dict[str, Any]]]:
+    """Per calibration model in the kernel table: its rows under ``strategy`` and its Plan's
+    nodes by name."""
+    from ..models import build_graph
+    from ..strategy.compile import compile_plan
+
+    keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
+    for key, grp in kt[kt["strategy"] == strategy].groupby(keys, dropna=False):
+        model, layers, context, pos = key
+        cfg = load_config(model, layers=None if layers != layers else int(layers),
+                          context=None if context != context else int(context))
+        plan = compile_plan(build_graph(cfg, cfg.kv_len(int(pos))), CALIBRATION_STRATEGIES[strategy])
+        yield key, grp, {la.node.name: la.node for la in plan.launches}
+
+
+def measured_kernels(raw: Mapping[str, Any], cal: Calibration, cupti_ns: float = 0.0,
+                     strategy: str = "graphs+boundary") -> pd.DataFrame:
+    """Every Plan node's kernel measured under ``strategy`` in the calibration models: its op,
+    family, the kernel the cuda executor binds for it (``cost.executor_kernel``: the same name
+    the simulator looks its fit up by), its measured ``duration_ns`` less ``cupti_ns`` (what
+    CUPTI adds per traced kernel), and its ``roofline_ns`` on ``cal`` (alone, at its cap) and
+    ``predicted_ns`` (``kernel_cost(node, cal).duration_ns``)."""
+    from .cost import executor_kernel, kernel_cost
+
+    rows = []
+    for _, grp, nodes in _spec_plans(pd.DataFrame(raw["kernels"]), strategy):
+        for r in grp.itertuples():
+            node = nodes.get(r.node)
+            if node is None:
+                continue
+            c = kernel_cost(node, cal)
+            rows.append({"model": r.model, "node": r.node, "op": node.op, "family": node.family,
+                         "kernel": executor_kernel(node) or r.name, "duration_ns": r.duration_ns - cupti_ns,
+                         "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
+                         "predicted_ns": c.duration_ns})
+    return pd.DataFrame(rows, columns=["model", "node", "op", "family", "kernel", "duration_ns", "roofline_ns",
+                                       "predicted_ns"])
+
+
+def calibration_run_errors(raw: Mapping[str, Any], cal: Calibration) -> pd.DataFrame:
+    """Self-consistency of a calibration: the simulator with ``cal`` predicts every calibration
+    run of ``raw`` (same model, strategy, start position and tokens as measured). Per run:
+    measured (untraced) and predicted us/token and the error; and, for the graph-replay run of
+    each model, its kernels' time per token measured (CUPTI durations less what tracing adds)
+    and predicted, which separates the kernel-duration model from the rest of the simulator."""
+    from .sim import run_sim
+
+    runs = pd.DataFrame(raw["runs"])
+    inflation = cupti_kernel_ns(raw)
+    kern = measured_kernels(raw, cal, inflation).groupby("model")[["duration_ns", "predicted_ns"]].sum() / 1e3
+    rows = []
+    for r in runs.itertuples():
+        spec = ModelSpec(r.spec_model, None if r.spec_layers != r.spec_layers else int(r.spec_layers),
+                         None if r.spec_context != r.spec_context else int(r.spec_context), int(r.spec_pos))
+        us = run_sim(spec.config(), CALIBRATION_STRATEGIES[r.strategy], int(r.tokens), start_pos=spec.pos,
+                     calibration=cal).stats["us_per_token"]
+        row = {"model": r.model, "strategy": r.strategy, "measured_us": float(r.untraced_us_per_token),
+               "predicted_us": us, "error_pct": 100 * (us / r.untraced_us_per_token - 1)}
+        if r.strategy == "graphs+boundary" and r.model in kern.index:
+            m, p = kern.loc[r.model, "duration_ns"], kern.loc[r.model, "predicted_ns"]
+            row.update(kernel_measured_us=m, kernel_predicted_us=p, kernel_error_pct=100 * (p / m - 1))
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
 def _host(api: pd.DataFrame, strategy: str, names: Sequence[str], col: str = "period_ns") -> tuple[float, int]:
@@ -760,10 +878,6 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
 
     Fields measured here replace the shipped ones and their sources say how they were measured;
     the other host profiles (llama.cpp's) are kept as shipped."""
-    from ..models import build_graph as _bg
-    from ..strategy.compile import compile_plan
-    from .cost import kernel_cost
-
     env, dev = raw["environment"], raw["device"]
     pt = dev["probe_trace_summary"]
     where = (f"measured by `workbench calibrate` on {env['gpu_name']} (driver {env.get('driver_version', '')}, "
@@ -960,58 +1074,48 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     setd("pdl_release_ns", max(0.0, release),
          f"per-boundary saving of graph + PDL over graph replay in the calibration models (median {saving:.0f} ns "
          f"over {len(bt)} kernel pairs, by family pair in the raw file) = gap - release + prologue")
+    shipped = str(src.get("device.pdl_prologue_ns", ""))
+    shipped = shipped.split("pdl_release_ns); ", 1)[1] if shipped.startswith("kept at ") else shipped
     src["device.pdl_prologue_ns"] = (f"kept at {prologue:.0f} ns (shipped value): CUPTI timestamps do not separate "
                                      "the prologue from the release (only release - prologue is observable, see "
-                                     "pdl_release_ns); " + str(src.get("device.pdl_prologue_ns", "")))
+                                     "pdl_release_ns); " + shipped)
     d["pdl_prologue_ns"] = prologue
 
-    # per kernel family: fixed + scale x roofline over every calibration kernel
-    base_cal = replace(parse_calibration(out, "fit", "python"), families={})
-    rows = []
-    g_kt = kt[kt["strategy"] == "graphs+boundary"]
-    keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
-    for (model, layers, context, pos), grp in g_kt.groupby(keys, dropna=False):
-        cfg = load_config(model, layers=None if layers != layers else int(layers),
-                          context=None if context != context else int(context))
-        plan = compile_plan(_bg(cfg, cfg.kv_len(int(pos))), CALIBRATION_STRATEGIES["graphs+boundary"])
-        nodes = {la.node.name: la.node for la in plan.launches}
-        for r in grp.itertuples():
-            node = nodes.get(r.node)
-            if node is None:
-                continue
-            c = kernel_cost(node, base_cal)
-            rows.append({"family": node.family, "op": node.op, "duration_ns": r.duration_ns,
-                         "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0})
-    fam = pd.DataFrame(rows)
-    min_fixed = d["pdl_prologue_ns"] + d["pdl_first_read_setup_ns"]
-    families: dict[str, dict[str, float]] = {}
-    fit_report = []
-    for name, grp in fam.groupby("family"):
-        fixed, scale, err = fit_family(grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy(), min_fixed)
-        families[name] = {"fixed_ns": round(fixed, 1), "work_scale": round(scale, 4)}
-        how = (f"least-squares fit (relative error) of fixed + scale x roofline to {len(grp)} kernels of the "
-               f"calibration models under graph replay; median fit error {100 * err:.1f}%")
-        src[f"families.{name}.fixed_ns"] = f"{where}: {how}"
-        src[f"families.{name}.work_scale"] = f"{where}: {how}"
-        fit_report.append({"family": name, "kernels": len(grp), "fixed_ns": fixed, "work_scale": scale,
-                           "median_rel_err": err})
-    # CUPTI's kernel timestamps lengthen every traced kernel: per kernel, the traced minus untraced
-    # token time of the graph-replay runs, less what tracing added to the host calls themselves
+    # kernel durations: fixed + scale x roofline per ggml op (and per executor kernel where an op
+    # has several), per kernel family as the fallback for ops not measured
     inflation = cupti_kernel_ns(raw)
-    if inflation > 0:
-        for name, f in families.items():
-            f["fixed_ns"] = round(max(min_fixed, f["fixed_ns"] - inflation), 1)
-            src[f"families.{name}.fixed_ns"] += (f"; minus {inflation:.0f} ns per kernel that CUPTI tracing adds "
-                                                 "(graph-replay calibration runs timed traced and untraced)")
-    out["families"] = families
-    fallback = _median(f["fixed_ns"] for f in families.values()) if families else pt["empty_duration_ns"]
+    base_cal = replace(parse_calibration(out, "fit", "python"), families={}, ops={})
+    kern = measured_kernels(raw, base_cal, inflation)
+    min_fixed = d["pdl_prologue_ns"] + d["pdl_first_read_setup_ns"]
+    for k in [k for k in src if k.startswith(("families.", "ops."))]:
+        del src[k]  # the base's fits are replaced, not merged
+    what = (f"of the calibration models under graph replay, their CUPTI durations less {inflation:.0f} ns "
+            "per kernel that tracing adds (graph-replay calibration runs timed traced and untraced)")
+    families, fam_report = _fit_groups(kern, "family", "family", 1, min_fixed, what)
+    ops, op_report = _fit_groups(kern, "op", "op", MIN_OP_KERNELS, min_fixed, what)
+    # an op whose nodes ran on different kernels of the executor (MUL_MAT: per-row vs row-streaming
+    # mat-vec) also gets a fit per kernel, which the simulator prefers (cost.measured_fit)
+    split = kern.groupby("op")["kernel"].nunique()
+    multi = kern[kern["op"].isin(split[split > 1].index)]
+    op_kernels, opk_report = _fit_groups(multi.assign(key=multi["op"] + "/" + multi["kernel"]), "key", "op",
+                                         MIN_OP_KERNELS, min_fixed, what)
+    ops.update(op_kernels)
+    for section, fits in (("families", families), ("ops", ops)):
+        for name, (fc, how) in fits.items():
+            for k in fc:
+                src[f"{section}.{name}.{k}"] = f"{where}: {how}"
+    out["families"] = {name: fc for name, (fc, _) in families.items()}
+    out["ops"] = {name: fc for name, (fc, _) in sorted(ops.items())}
+    fixed = [fc["fixed_ns"] for fc in out["families"].values()]
+    fallback = _median(fixed) if fixed else pt["empty_duration_ns"]
     setd("kernel_fixed_ns", max(min_fixed, fallback),
-         f"median fixed cost of the {len(families)} fitted kernel families; used for families the calibration did "
+         f"median fixed cost of the {len(fixed)} fitted kernel families; used for families the calibration did "
          f"not measure (an empty kernel, {pt['empty_duration_ns']:.0f} ns under graph replay (CUPTI), is only a lower "
          "bound: every measured family pays 2-4x that for its memory round trips and reductions)")
-    out["measured"] = {"environment": env, "models": raw.get("models", []), "family_fits": fit_report,
-                       "cupti_kernel_ns": inflation}
-    for k in [k for k in src if k.startswith("host_profiles.llama.cpp") and "python value" in str(src[k])]:
+    out["measured"] = {"environment": env, "models": raw.get("models", []), "family_fits": fam_report,
+                       "op_fits": op_report + opk_report, "cupti_kernel_ns": inflation}
+    for k in [k for k in src if k.startswith("host_profiles.llama.cpp") and "python value" in str(src[k])
+              and "datasheet-era" not in str(src[k])]:
         src[k] = str(src[k]).replace("python value", "datasheet-era python value")
     return out
 
@@ -1026,6 +1130,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                                                      "no GPU needed")
     p.add_argument("--base", help="calibration to start from (default: the shipped one of the same GPU)")
     p.add_argument("--tokens", type=int, default=12, help="decode steps per traced executor run (default 12)")
+    p.add_argument("--check", action="store_true", help="after fitting, predict every calibration run of the raw "
+                                                        "measurements with the fitted file and print the errors")
     default = ",".join(f"{s.model}:{s.layers}:{s.context}" for s in CALIBRATION_MODELS)
     p.add_argument("--models", help=f"comma-separated preset[:layers[:context]] to measure (default {default})")
 
@@ -1072,11 +1178,18 @@ def main(args: argparse.Namespace) -> int:
     if not base_path.exists():
         base_path = CALIBRATION_DIR / "h100.json"
     cal = fit(raw, json.loads(base_path.read_text()))
-    parse_calibration(cal, "fitted calibration")  # the simulator must be able to read it
+    parsed = parse_calibration(cal, "fitted calibration")  # the simulator must be able to read it
     out = Path(args.out) if args.out else CALIBRATION_DIR / f"{gpu}.json"
     out.write_text(json.dumps(cal, indent=2) + "\n")
-    print(f"wrote {out} ({cal['name']}); {len(cal.get('families', {}))} kernel families fitted", file=sys.stderr)
-    for f in cal["measured"]["family_fits"]:
-        print(f"  {f['family']:12s} {f['kernels']:4d} kernels  fixed {f['fixed_ns']:7.0f} ns  "
-              f"scale {f['work_scale']:.3f}  median error {100 * f['median_rel_err']:.1f}%", file=sys.stderr)
+    print(f"wrote {out} ({cal['name']}); {len(cal['ops'])} ggml ops (or op/kernel pairs) and "
+          f"{len(cal['families'])} kernel families fitted", file=sys.stderr)
+    for f in [*cal["measured"]["op_fits"], *cal["measured"]["family_fits"]]:
+        name = f.get("op", f.get("family"))
+        print(f"  {name:34s} {f['kernels']:4d} kernels {f['sizes']:3d} sizes  fixed {f['fixed_ns']:7.0f} ns  "
+              f"scale {f['work_scale']:.3f}  median error {100 * f['median_rel_err']:5.1f}%", file=sys.stderr)
+    if args.check:
+        t = calibration_run_errors(raw, parsed)
+        print("calibration runs predicted with the fitted file (untraced us/token; kernels: graph replay, per token)",
+              file=sys.stderr)
+        print(t.to_string(index=False, float_format=lambda v: f"{v:.1f}"), file=sys.stderr)
     return 0

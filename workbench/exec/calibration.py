@@ -15,6 +15,8 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
+from ..graph.ops import OPS
+
 #: Where the shipped calibrations live (the repository's ``data/calibration``).
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "data" / "calibration"
 
@@ -46,8 +48,8 @@ class HostCosts:
 
 @dataclass(frozen=True)
 class FamilyCost:
-    """Measured correction of the roofline for one kernel family (``workbench calibrate``):
-    a kernel of the family takes ``fixed_ns + work_scale x roofline`` alone on an idle GPU."""
+    """Measured correction of the roofline for one ggml op or one kernel family (``workbench
+    calibrate``): such a kernel takes ``fixed_ns + work_scale x roofline`` alone on an idle GPU."""
 
     fixed_ns: float
     work_scale: float
@@ -85,6 +87,11 @@ class Calibration:
     #: optional per-family corrections (measured calibrations); families not listed use the
     #: device-wide roofline with ``kernel_fixed_ns``
     families: dict[str, FamilyCost] = field(default_factory=dict, hash=False, compare=False)
+    #: optional per-op corrections, preferred over the op's family (one family lumps kernels of
+    #: very different cost: SOFT_MAX and ARGSORT_TOP_K; MUL_MAT and MUL_MAT_ID); keyed by ggml op
+    #: (``MUL_MAT``) or by op and the cuda executor's kernel for it
+    #: (``MUL_MAT/k_mul_mat_vec_rows_f16``), see ``cost.measured_fit``
+    ops: dict[str, FamilyCost] = field(default_factory=dict, hash=False, compare=False)
     #: optional: gap between stream-ordered kernels launched one by one (no graph) when the next
     #: one is already queued; -1 (absent from the file) means ``dependency_gap_ns``
     eager_dependency_gap_ns: float = -1.0
@@ -128,7 +135,7 @@ class Calibration:
 
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
-                                    "eager_dependency_gap_ns")]
+                                    "ops", "eager_dependency_gap_ns")]
 _OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns",)
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
@@ -172,10 +179,18 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     families = data.get("families", {})
     for fam, fc in families.items():
         _check_keys(origin, f"families.{fam}", fc, _FAMILY_FIELDS)
+    ops = data.get("ops", {})
+    unknown = sorted(k for k in ops if k.split("/", 1)[0] not in OPS or k.endswith("/"))
+    if unknown:
+        raise CalibrationError(f"{origin}: ops section names unknown ggml op(s) {unknown}: a key is a ggml op "
+                               f"or op/kernel (the cuda executor's kernel for it); known ops: {', '.join(sorted(OPS))}")
+    for op, oc in ops.items():
+        _check_keys(origin, f"ops.{op}", oc, _FAMILY_FIELDS)
     expected = {f"device.{k}" for k in (*_DEVICE_FIELDS, *(k for k in _OPTIONAL_DEVICE_FIELDS if k in device))}
     expected |= {f"host_profiles.{n}.{k}" for n, prof in profiles.items() for k in _HOST_FIELDS
                  if k in prof or k not in _OPTIONAL_HOST_FIELDS}
     expected |= {f"families.{fam}.{k}" for fam in families for k in _FAMILY_FIELDS}
+    expected |= {f"ops.{op}.{k}" for op in ops for k in _FAMILY_FIELDS}
     missing = sorted(expected - set(sources))
     if missing:
         raise CalibrationError(f"{origin}: field(s) without a source: {missing}; every number needs "
@@ -213,10 +228,13 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
 
     fam_costs = {fam: FamilyCost(**{k: _number(origin, f"families.{fam}.{k}", fc[k]) for k in _FAMILY_FIELDS})
                  for fam, fc in families.items()}
+    op_costs = {op: FamilyCost(**{k: _number(origin, f"ops.{op}.{k}", oc[k]) for k in _FAMILY_FIELDS})
+                for op, oc in ops.items()}
     pre = dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"]
-    short = sorted(f for f, fc in fam_costs.items() if fc.fixed_ns < pre)
+    short = sorted([f"families.{f}" for f, fc in fam_costs.items() if fc.fixed_ns < pre]
+                   + [f"ops.{o}" for o, oc in op_costs.items() if oc.fixed_ns < pre])
     if short:
-        raise CalibrationError(f"{origin}: families {short} have fixed_ns below pdl_prologue_ns + "
+        raise CalibrationError(f"{origin}: {short} have fixed_ns below pdl_prologue_ns + "
                                "pdl_first_read_setup_ns")
     host_profiles = {name: HostCosts(**{k: _number(origin, f"host_profiles.{name}.{k}", prof[k])
                                         for k in _HOST_FIELDS if k in prof})
@@ -226,7 +244,7 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
         raise CalibrationError(f"unknown host profile {profile!r} for {data['gpu']}; known: "
                                f"{', '.join(host_profiles)}")
     return Calibration(gpu=str(data["gpu"]), name=str(data["name"]), host=host_profiles[profile], families=fam_costs,
-                       host_profile=profile, host_profiles=host_profiles, sources=dict(sources), **dev)
+                       ops=op_costs, host_profile=profile, host_profiles=host_profiles, sources=dict(sources), **dev)
 
 
 def _check_keys(origin: str, where: str, section: dict[str, Any], expected: list[str],

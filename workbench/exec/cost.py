@@ -5,7 +5,9 @@ measured) plus its work: ``max(bytes / bandwidth, flops / rate)``. A small grid 
 whole GPU: by Little's law a kernel keeps ``threads x bytes_in_flight_per_thread`` bytes in flight,
 so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwidth, and its
 compute rate is limited to the share of SMs it occupies. That fraction is the kernel's ``cap``;
-concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps.
+concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps. A
+measured calibration replaces the fixed part and scales the work per ggml op, or per kernel
+family for ops it did not measure (``measured_fit``).
 
 Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels for a decode step
 (one token): one block per output row for mat-vec, one block per row for norms and softmax,
@@ -18,7 +20,7 @@ from dataclasses import dataclass
 from math import ceil
 
 from ..graph import Node
-from .calibration import Calibration
+from .calibration import Calibration, FamilyCost
 
 #: ggml op -> CUDA kernel name as Nsight Systems shows it for llama.cpp's CUDA backend.
 KERNEL_NAMES = {
@@ -117,11 +119,41 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     return ceil(n / _ELEMENTWISE_BLOCK), _ELEMENTWISE_BLOCK
 
 
+def executor_kernel(node: Node) -> str | None:
+    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
+    kernel takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the
+    executor allocates them, so the alignment-dependent choices come out the same."""
+    from .cuda_ops import BindError, bind
+
+    try:
+        return bind(node, lambda v: v.offset, lambda key, n: 0).name
+    except BindError:
+        return None
+
+
+def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
+    """The measured correction ``node``'s kernel gets and where it comes from, most specific
+    first: its ggml op on the kernel the ``cuda`` executor binds for it (``op/kernel``: where one
+    op has kernels of different speed, e.g. MUL_MAT's per-row and row-streaming mat-vecs), its
+    ggml op (``op``), its kernel family (``family``), else none (``device``: plain roofline plus
+    ``kernel_fixed_ns``). Ops come before families because a family lumps kernels of very
+    different cost (SOFT_MAX and ARGSORT_TOP_K, MUL_MAT and MUL_MAT_ID)."""
+    if any(k.startswith(f"{node.op}/") for k in cal.ops):
+        fc = cal.ops.get(f"{node.op}/{executor_kernel(node)}")
+        if fc is not None:
+            return "op/kernel", fc
+    if node.op in cal.ops:
+        return "op", cal.ops[node.op]
+    if node.family in cal.families:
+        return "family", cal.families[node.family]
+    return "device", None
+
+
 def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     """Roofline cost of ``node`` on the GPU of ``cal``."""
     blocks, threads = launch_geometry(node, cal.sm_count)
     nbytes, flops = float(node.bytes), float(node.flops)
-    fam = cal.families.get(node.family)  # measured per-family correction (workbench calibrate)
+    _, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
     scale = fam.work_scale if fam else 1.0
     mem_ns = nbytes / cal.dram_Bpns * scale
     cmp_ns = flops / cal.fp32_flops_per_ns * scale
