@@ -139,5 +139,6 @@ def test_graph_level_capture_switches_kinds_per_token() -> None:
     # node tokens: per-kernel records, and GRAPH_TRACE off (with it on, graph nodes give no kernels)
     assert cap._kinds_for(detail=True) == list(CuptiCapture.KINDS)
     assert cap.needs_fresh_graphs and cap.meta["node_tokens"] == [6, 7]
+    assert not node.before_token(0)  # node-level captures never switch
     with pytest.raises(ValueError, match="'node'.*'graph'"):
         CuptiCapture(graph_trace="nodes")

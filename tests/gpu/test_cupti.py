@@ -97,6 +97,18 @@ def test_graph_level_trace_one_span_per_replay_and_kernels_in_node_tokens() -> N
     assert run.stats["us_per_token_graph_level"] > 0
 
 
+def test_node_tokens_in_the_middle_switch_back_to_graph_spans_safely() -> None:
+    _needs_cupti()
+    from workbench.exec.cuda import run_cuda
+
+    st = Strategy(graphs=True, pdl=True)
+    run = run_cuda(CFG, st, 4, trace=True, graph_trace="graph", node_tokens=(1,))
+    ev = run.trace.events
+    assert sorted(ev.loc[(ev["kind"] == "graph") & (ev["token"] >= 0), "token"]) == [0, 2, 3]
+    assert set(ev.loc[(ev["kind"] == "kernel") & (ev["token"] >= 0), "token"]) == {1}
+    _check_nodes(run)
+
+
 def test_run_cli_traces_graph_level_by_default(tmp_path) -> None:
     _needs_cupti()
     import json

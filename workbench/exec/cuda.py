@@ -475,6 +475,8 @@ def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] =
     n0 = len(ex.times.start_ns)
     for i, tok in enumerate(ids):
         pos = start_pos + i
+        if capture is not None and getattr(capture, "before_token", None) and capture.before_token(i):
+            ex.drop_graphs()  # graph spans back on: no graph captured under node detail may be launched
         ex.prepare(pos)
         if capture is not None:
             capture.mark_token(i)

@@ -383,6 +383,7 @@ class CuptiCapture:
         self.marks: list[tuple[int, int]] = []
         self.end_mark: int | None = None
         self._enabled: list[str] = []
+        self._level_token: int | None = None
         self.meta.update(graph_trace=graph_trace, node_tokens=sorted(self.node_tokens))
 
     def _convert(self, a: Any) -> dict[str, Any] | None:
@@ -432,13 +433,24 @@ class CuptiCapture:
             raise
         return self
 
+    def before_token(self, token: int) -> bool:
+        """Switch between node detail and graph spans for ``token`` (call before the executor
+        prepares the token, so a graph captured for it is captured under the right kinds).
+        True when graph spans were just switched back on: graphs captured meanwhile (under node
+        detail) must be captured again, or CUPTI crashes on their launch."""
+        if self.graph_trace != "graph" or self._level_token == token:
+            return False
+        self._level_token = token
+        was_graph = "GRAPH_TRACE" in self._enabled
+        self._switch(self._kinds_for(detail=token in self.node_tokens))
+        return not was_graph and "GRAPH_TRACE" in self._enabled
+
     def mark_token(self, token: int) -> None:
         """Call at the start of token ``token``'s host program (outside any stream capture);
-        switches between node detail and graph spans where ``node_tokens`` asks for it."""
+        switches kinds too where ``before_token`` was not called."""
         from cupti import cupti
 
-        if self.graph_trace == "graph":
-            self._switch(self._kinds_for(detail=token in self.node_tokens))
+        self.before_token(token)
         self.marks.append((token, int(cupti.get_timestamp())))
 
     def stop(self) -> Trace:
