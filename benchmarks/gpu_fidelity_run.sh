@@ -10,13 +10,7 @@ OUT=${OUT:-out}
 R=$OUT/r
 mkdir -p "$R"
 exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:.
-else
-    export PYTHONPATH=.
-fi
+. benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv | tee "$R/nvidia-smi.csv"
 python3 -c "import cupy, cupti; print('cupy', cupy.__version__, 'cupti-python ok')"
 stages=${*:-traces calibrate fidelity overhead gputests}

@@ -8,13 +8,7 @@ set -u
 OUT=${OUT:-out}
 mkdir -p "$OUT/traces"
 exec > >(tee -a "$OUT/log.txt") 2>&1
-export PYTHONUNBUFFERED=1
-if ls .whl/*.whl >/dev/null 2>&1; then
-    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:.
-else
-    export PYTHONPATH=.
-fi
+. benchmarks/device_env.sh
 nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
 for pass in 1 2; do
     timeout 200 python3 benchmarks/trace_overhead.py --rounds 7 --modes node,graph,graph+node-window \

@@ -50,8 +50,8 @@ STRATEGIES = {
 
 WINDOW = range(30, 32)  # node-detail tokens of the windowed mode (the last 2 of the default 32)
 
-#: mode -> options: graph_trace / node_tokens (CuptiCapture), detail_kinds (kinds only node
-#: tokens record), recapture (graphs instantiated again while a capture is active, then traced)
+#: mode -> options: graph_trace / node_tokens (CuptiCapture), recapture (graphs instantiated again
+#: while a capture is active, then traced)
 MODES: dict[str, dict[str, Any]] = {
     "node": {},
     "graph": {"graph_trace": "graph"},
@@ -86,8 +86,6 @@ def measure_mode(spec: ModelSpec, mode: str, tokens: int, rounds: int, strategie
         first = first or ex
         run_cuda(cfg, STRATEGIES[label], 4, seed=seed, start_pos=spec.pos, executor=ex)
     notes: list[str] = []
-    if "detail_kinds" in opts:
-        CuptiCapture.DETAIL_KINDS = tuple(opts["detail_kinds"])
 
     def once(label: str, ex: CudaExecutor, trace: bool) -> tuple[float, list[float], Any]:
         r = run_cuda(cfg, STRATEGIES[label], tokens, seed=seed, start_pos=spec.pos, executor=ex, trace=trace,
@@ -132,13 +130,14 @@ def measure_mode(spec: ModelSpec, mode: str, tokens: int, rounds: int, strategie
 
 def kinds_sweep(spec: ModelSpec, tokens: int, rounds: int, seed: int = 0) -> list[dict]:
     """Where the overhead under graph replay comes from: runs of the ``graphs`` executor (graph
-    captured before CUPTI was enabled) with CUPTI recording one group of activity kinds at a time."""
+    captured before CUPTI was enabled) with CUPTI recording one group of activity kinds at a time
+    (not GRAPH_TRACE: it crashes on a graph captured before it was enabled, see the ``graph`` mode)."""
     from workbench.exec.cuda import CudaExecutor, run_cuda
     from workbench.trace.cupti import CuptiCapture
 
     groups = {"none": (), "CONCURRENT_KERNEL": ("CONCURRENT_KERNEL",), "RUNTIME+DRIVER": ("RUNTIME", "DRIVER"),
               "MEMCPY": ("MEMCPY",), "MEMSET": ("MEMSET",), "SYNCHRONIZATION": ("SYNCHRONIZATION",),
-              "GRAPH_TRACE": ("GRAPH_TRACE",), "all": CuptiCapture.KINDS,
+              "all": CuptiCapture.KINDS,
               "KERNEL (serialized, for comparison)": ("KERNEL",)}
     cfg, st = spec.config(), STRATEGIES["graphs"]
     ex = CudaExecutor(cfg, st, "device", seed)
@@ -157,18 +156,19 @@ def kinds_sweep(spec: ModelSpec, tokens: int, rounds: int, seed: int = 0) -> lis
     return out
 
 
-def _child(args: argparse.Namespace, mode: str, strategies: list[str]) -> dict[str, Any]:
-    """Run one mode in a fresh process (see the module docstring) and read its JSON back."""
+def _child(args: argparse.Namespace, flags: list[str], label: str) -> dict[str, Any]:
+    """Run this script with ``flags`` (a mode or the sweep) in a fresh process (see the module
+    docstring) and read its JSON back."""
     with tempfile.TemporaryDirectory() as tmp:
-        out = Path(tmp) / "mode.json"
+        out = Path(tmp) / "child.json"
         cmd = [sys.executable, __file__, "--model", args.model, "--tokens", str(args.tokens), "--rounds",
-               str(args.rounds), "--strategies", ",".join(strategies), "--_mode", mode, "--out", str(out)]
+               str(args.rounds), *flags, "--out", str(out)]
         if args.layers:
             cmd += ["--layers", str(args.layers)]
         t0 = time.perf_counter()
         proc = subprocess.run(cmd, text=True)
         if proc.returncode != 0 or not out.exists():
-            return {"mode": mode, "error": f"exit {proc.returncode}", "seconds": time.perf_counter() - t0}
+            return {"mode": label, "error": f"exit {proc.returncode}", "seconds": time.perf_counter() - t0}
         res = json.loads(out.read_text())
         res["seconds"] = time.perf_counter() - t0
         return res
@@ -206,17 +206,12 @@ def main() -> int:
                            "tokens": args.tokens, "rounds": args.rounds, "date": time.strftime("%Y-%m-%d"),
                            "modes": []}
     for mode in modes:
-        res["modes"].append(_child(args, mode, strategies))
+        res["modes"].append(_child(args, ["--strategies", ",".join(strategies), "--_mode", mode], mode))
         if args.out:
             args.out.write_text(json.dumps(res, indent=1))
     if args.kinds_sweep:
-        with tempfile.TemporaryDirectory() as tmp:
-            out = Path(tmp) / "sweep.json"
-            cmd = [sys.executable, __file__, "--model", args.model, "--tokens", str(args.tokens), "--rounds",
-                   str(args.rounds), "--_sweep", "--out", str(out)]
-            cmd += ["--layers", str(args.layers)] if args.layers else []
-            if subprocess.run(cmd).returncode == 0:
-                res.update(json.loads(out.read_text()))
+        sweep = _child(args, ["--_sweep"], "kinds sweep")
+        res["kinds_sweep"] = sweep.get("kinds_sweep", sweep)
     if args.out:
         args.out.write_text(json.dumps(res, indent=1))
     return 0

@@ -398,9 +398,7 @@ class CuptiCapture:
 
     def _kinds_for(self, detail: bool) -> list[str]:
         """Activity kinds to record for a token with (or without) node detail."""
-        if self.graph_trace == "node":
-            return list(self.kind_names)
-        if detail:  # with GRAPH_TRACE on, CUPTI gives no kernel records for graph nodes (measured)
+        if self.graph_trace == "node" or detail:  # node detail: GRAPH_TRACE off, else no kernel records
             return list(self.kind_names)
         return [k for k in self.kind_names if k not in self.DETAIL_KINDS] + ["GRAPH_TRACE"]
 
