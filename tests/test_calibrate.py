@@ -9,6 +9,7 @@ import json
 import numpy as np
 import pytest
 
+import workbench
 from workbench.exec.calibrate import (
     CALIBRATION_STRATEGIES,
     ModelSpec,
@@ -17,7 +18,6 @@ from workbench.exec.calibrate import (
     trace_tables,
 )
 from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
-from workbench.exec.sim import run_sim
 
 SPECS = (ModelSpec("llama-3.2-1b", 1, 512), ModelSpec("llama-3.1-8b", 2, 2048, 1800))
 
@@ -76,7 +76,7 @@ def round_trip(request) -> tuple[dict, object]:
     runs = []
     for spec in SPECS:
         for label, st in CALIBRATION_STRATEGIES.items():
-            run = run_sim(spec.config(), st, 6, start_pos=spec.pos, calibration=cal)
+            run = workbench.run(spec.config(), st, tokens=6, backend="sim", start_pos=spec.pos, calibration=cal)
             info = {"nodes": len(run.plan.launches), "host_us_per_token": run.stats["us_per_token"]}
             if request.param == "host-clock":  # the untraced pass: host-clock op timings and us/token
                 info["host_ops"] = _host_ops_of(run.trace)

@@ -8,7 +8,7 @@ from functools import cache
 
 import pytest
 
-from workbench.exec.sim import run_sim
+import workbench
 from workbench.models import preset
 from workbench.strategy import FUSIONS, Strategy
 
@@ -27,7 +27,7 @@ SEED_RANGES = {
 @cache
 def us(model: str, strategy: Strategy, layers: int | None = None, host: str | None = None) -> float:
     cfg = preset(model, layers=layers)
-    return run_sim(cfg, strategy, TOKENS, gpu="h100", host=host).stats["us_per_token"]
+    return workbench.run(cfg, strategy, tokens=TOKENS, backend="sim", gpu="h100", host=host).stats["us_per_token"]
 
 
 def gain(base: float, new: float) -> float:

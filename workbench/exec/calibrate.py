@@ -845,7 +845,9 @@ def calibration_run_errors(raw: Mapping[str, Any], cal: Calibration) -> pd.DataF
     measured (untraced) and predicted us/token and the error; and, for the graph-replay run of
     each model, its kernels' time per token measured (CUPTI durations less what tracing adds)
     and predicted, which separates the kernel-duration model from the rest of the simulator."""
-    from .sim import run_sim
+    from ..strategy.steps import plans_for_steps
+    from ..trace.stats import us_per_token
+    from .sim import simulate
 
     runs = pd.DataFrame(raw["runs"])
     inflation = cupti_kernel_ns(raw)
@@ -854,8 +856,9 @@ def calibration_run_errors(raw: Mapping[str, Any], cal: Calibration) -> pd.DataF
     for r in runs.itertuples():
         spec = ModelSpec(r.spec_model, None if r.spec_layers != r.spec_layers else int(r.spec_layers),
                          None if r.spec_context != r.spec_context else int(r.spec_context), int(r.spec_pos))
-        us = run_sim(spec.config(), CALIBRATION_STRATEGIES[r.strategy], int(r.tokens), start_pos=spec.pos,
-                     calibration=cal).stats["us_per_token"]
+        plans = plans_for_steps(spec.config(), CALIBRATION_STRATEGIES[r.strategy], int(r.tokens), spec.pos,
+                                cal.compute_capability)
+        us = us_per_token(simulate(plans, cal))
         row = {"model": r.model, "strategy": r.strategy, "measured_us": float(r.untraced_us_per_token),
                "predicted_us": us, "error_pct": 100 * (us / r.untraced_us_per_token - 1)}
         if r.strategy == "graphs+boundary" and r.model in kern.index:
