@@ -1,4 +1,4 @@
-"""GPU decode benchmark of the cuda backend (issue 4), one run, results to data/bench/.
+"""GPU decode benchmark of the cuda backend, one run, results to data/bench/.
 
 1. ``llama-3.2-1b`` f16, all layers, context 512 (steps 448..511 attend over 512 KV rows): time
    per token of each strategy against the bandwidth floor = bytes the step must read (weights
@@ -40,11 +40,11 @@ from workbench.strategy import Strategy  # noqa: E402
 #: seeds' reported token-generation gains (DESIGN.md)
 SEED_RANGES = {
     "graphs": "(llama.cpp's CUDA graphs; no seed number)",
-    "pdl": "4-13 % (seed 003)",
-    "qkv": "1-9 % (seed 001)",
-    "implicit": "1-2 % Linux, up to 8-9 % Windows (seed 000)",
-    "boundary": "part of seed 000's 1-2 %",
-    "copy-elim": "3-4 % (seed 002)",
+    "pdl": "4-13 % (llama.cpp's PDL change (b9254))",
+    "qkv": "1-9 % (PR #16991)",
+    "implicit": "1-2 % Linux, up to 8-9 % Windows (llama.cpp PR #17795)",
+    "boundary": "part of PR #17795's 1-2 %",
+    "copy-elim": "3-4 % (PR #23940)",
     "rms-norm-mul": "(ggml's classic fusion; no seed number)",
 }
 FUSED = frozenset({"copy-elim", "rms-norm-mul"})

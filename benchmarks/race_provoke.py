@@ -1,4 +1,4 @@
-"""Try to provoke, on the ``cuda`` backend, every kind of race the verifier reports (issue 7 §4).
+"""Try to provoke, on the ``cuda`` backend, every kind of race the verifier reports.
 
 For each seeded bug of ``workbench.verify.seeded`` that runs on a model (the hand-built ones
 have no model weights and are listed as not attempted), on a model large enough for the racing

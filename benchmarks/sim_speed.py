@@ -1,5 +1,5 @@
-"""How fast the simulator is: 1000 tokens of ``llama-3.1-8b`` with every knob on (issue 3
-acceptance: <= 5 s on one core of the CI machine, peak memory <= 1 GB), stage by stage.
+"""How fast the simulator is: 1000 tokens of ``llama-3.1-8b`` with every knob on (target:
+<= 5 s on one core of the CI machine, peak memory <= 1 GB), stage by stage.
 
     python benchmarks/sim_speed.py [--model llama-3.1-8b] [--tokens 1000] [--gpu h100] [--no-memo]
 

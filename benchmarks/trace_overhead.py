@@ -1,5 +1,5 @@
 """What CUPTI tracing costs: traced vs untraced us/token of the cuda executor, per tracing mode
-(issue 6 target: <= 5 % under graph replay).
+(target: <= 5 % under graph replay).
 
     python benchmarks/trace_overhead.py [--model llama-3.2-1b] [--tokens 32] [--rounds 5]
         [--modes node,graph,...|all] [--kinds-sweep] [--out FILE]

@@ -31,7 +31,7 @@ from workbench.strategy import (
 from workbench.strategy.host import pattern
 
 FUSION_SETS = [frozenset(), frozenset({"copy-elim"}), frozenset({"rms-norm-mul"}), frozenset(FUSIONS)]
-#: seed 000's host patterns (g: the kernels, d: logits back, s: the final sync)
+#: llama.cpp PR #17795's host patterns (g: the kernels, d: logits back, s: the final sync)
 PATTERNS = {"per-copy": "s c s c s c s c g d s", "boundary": "s a a a a s g d s", "implicit": "a a a a g d s"}
 
 

@@ -3,7 +3,7 @@
 A calibration has two halves: the *device* (roofline numbers, fixed kernel costs, PDL and
 replay timings) and a *host profile* (what each CUDA API call costs the host thread). The
 host half is a profile because the same GPU is driven by very different hosts: the workbench's
-own Python executor, llama.cpp's C++ on Linux, or llama.cpp on Windows where seed 000 saw syncs
+own Python executor, llama.cpp's C++ on Linux, or llama.cpp on Windows where llama.cpp PR #17795 saw syncs
 cost several times more. Every field carries its source in the file's ``sources`` map and the
 loader refuses a file where one is missing.
 """

@@ -28,7 +28,7 @@ from ..graph.ops import op_info
 FORK_CONSUMER_OP = "MUL_MAT"
 #: the op where the Q, K and V branches meet
 JOIN_OP = "FLASH_ATTN_EXT"
-#: seed 001's fan-out
+#: PR #16991's fan-out
 QKV_FANOUT = 3
 
 
