@@ -40,6 +40,7 @@ from ..strategy.compile import compile_plan
 from ..strategy.host import kernel_launches
 from ..trace import MARKER_ROW, Trace
 from .cuda_ops import KernelCall, bind
+from .device import device_info
 from .kernels import CudaBackendError, LaunchHandle, NumbaLaunch, module_cache, numba_module, require_cupy
 from .run import Run
 
@@ -99,13 +100,10 @@ class CudaExecutor:
         cp, _ = require_cupy()
         self.cp = cp
         self.cfg, self.strategy, self.kernel_set = cfg, strategy, kernels
-        dev = cp.cuda.Device()
-        cc = str(dev.compute_capability)  # "90" -> (9, 0), "100" -> (10, 0)
-        self.cc = (int(cc[:-1]), int(cc[-1]))
-        props = cp.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        self.device_name = name
-        self.device = f"{name} (compute capability {self.cc[0]}.{self.cc[1]})"
+        info = device_info()
+        self.cc = info.compute_capability
+        self.device_name = info.name
+        self.device = info.label
         strategy.validate(self.cc)
         if kernels == "numba":
             self._numba = _numba_kernels()
@@ -462,7 +460,8 @@ def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] =
         raise ValueError("--tokens must be >= 1")
     capture = None
     if trace:
-        from ..trace.cupti import copies_from_plan, open_capture, sites_from_plan
+        from ..trace.cupti import open_capture
+        from ..trace.cupti_records import copies_from_plan, sites_from_plan
 
         first = ex.prepare(start_pos)
         capture = open_capture(sites_from_plan(first.plan, ex.kernel_of), copies_from_plan(first.plan),
