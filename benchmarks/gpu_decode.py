@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.exec.device import device_info as gpu_info  # noqa: E402
 from workbench.exec.kernels import graph_replay_seconds  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
@@ -77,11 +78,11 @@ def device_info(cp) -> dict:
         out["nvidia_smi"] = q
     except Exception as e:  # pragma: no cover - informational
         out["nvidia_smi"] = f"unavailable: {e}"
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    out["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    out["sms"] = int(props["multiProcessorCount"])
-    out["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
-    out["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+    info = gpu_info(0)
+    out["gpu"] = info.name
+    out["sms"] = info.sm_count
+    out["cuda_driver"] = info.driver_version
+    out["cuda_runtime"] = info.runtime_version
     for mod in ("cupy", "numba", "numba_cuda", "cuda.bindings", "torch", "numpy"):
         try:
             m = __import__(mod, fromlist=["x"])

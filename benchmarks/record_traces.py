@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from workbench.exec.calibrate import ModelSpec
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 RECIPES: dict[str, tuple[ModelSpec, Strategy, int]] = {
@@ -43,7 +43,7 @@ TRACE_OPTIONS: dict[str, dict] = {"llama-3.2-1b_all-on_graph-level": {"node_toke
 
 def record(out_dir: Path, seed: int = 0, only: set[str] | None = None) -> list[Path]:
     import workbench
-    from workbench.exec.calibrate import environment
+    from workbench.exec.calibrate.environment import environment
     from workbench.exec.cuda import CudaExecutor
     from workbench.trace.perfetto import to_perfetto
 

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.exec.calibrate import ModelSpec
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,7 +73,7 @@ KNOBS: dict[str, tuple[str, str]] = {
 # ------------------------------------------------------------------------------------------
 def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str, Any]:
     import workbench
-    from workbench.exec.calibrate import environment
+    from workbench.exec.calibrate.environment import environment
     from workbench.exec.cuda import CudaExecutor
 
     env = environment()
@@ -207,7 +207,7 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
 
 
 def _gpu_key(name: str) -> str:
-    from workbench.exec.calibrate import gpu_key
+    from workbench.exec.calibration import gpu_key
 
     return gpu_key(name)
 

@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.exec.calibrate import ModelSpec
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 STRATEGIES = {
@@ -202,7 +202,7 @@ def main() -> int:
                else {"kinds_sweep": kinds_sweep(spec, args.tokens, args.rounds)})
         args.out.write_text(json.dumps(res, indent=1))
         return 0
-    from workbench.exec.calibrate import environment
+    from workbench.exec.calibrate.environment import environment
 
     modes = list(MODES) if args.modes == "all" else [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]

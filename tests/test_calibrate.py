@@ -10,13 +10,10 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.exec.calibrate import (
-    CALIBRATION_STRATEGIES,
-    ModelSpec,
-    fit,
-    fit_kernels,
-    trace_tables,
-)
+from workbench.exec.calibrate.fit import fit
+from workbench.exec.calibrate.kernel_fit import fit_kernels
+from workbench.exec.calibrate.specs import CALIBRATION_STRATEGIES, ModelSpec
+from workbench.exec.calibrate.tables import trace_tables
 from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
 
 SPECS = (ModelSpec("llama-3.2-1b", 1, 512), ModelSpec("llama-3.1-8b", 2, 2048, 1800))
@@ -152,3 +149,9 @@ def test_kernel_fit_is_absolute_least_squares() -> None:
     # one size: the slope is not identifiable, the roofline is kept and the fixed part fitted
     f = fit_kernels(np.array([2000.0, 2200.0, 2100.0]), np.array([100.0, 100.0, 100.0]))
     assert f.work_scale == 1.0 and f.fixed_ns == pytest.approx(2000) and "no slope" in f.how
+
+
+def test_a_spec_reads_back_from_raw_table_columns_with_missing_values() -> None:
+    """Raw tables store a spec's layers and context as floats, NaN where the preset's default was used."""
+    assert ModelSpec.from_columns("llama-3.2-1b", float("nan"), 512.0, 0) == ModelSpec("llama-3.2-1b", None, 512)
+    assert ModelSpec.from_columns("llama-3.1-8b", 2.0, 2048.0, 1800.0) == SPECS[1]

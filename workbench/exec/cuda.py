@@ -37,6 +37,7 @@ from ..strategy import HostOp, Plan, Strategy
 from ..strategy.host import kernel_launches
 from ..strategy.steps import plan_for
 from .cuda_ops import KernelCall, bind
+from .device import device_info
 from .kernels import CudaBackendError, LaunchHandle, NumbaLaunch, module_cache, numba_module, require_cupy
 
 KERNEL_SETS = ("cupy", "numba")
@@ -95,13 +96,10 @@ class CudaExecutor:
         cp, _ = require_cupy()
         self.cp = cp
         self.cfg, self.strategy, self.kernel_set = cfg, strategy, kernels
-        dev = cp.cuda.Device()
-        cc = str(dev.compute_capability)  # "90" -> (9, 0), "100" -> (10, 0)
-        self.cc = (int(cc[:-1]), int(cc[-1]))
-        props = cp.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        self.device_name = name
-        self.device = f"{name} (compute capability {self.cc[0]}.{self.cc[1]})"
+        info = device_info()
+        self.cc = info.compute_capability
+        self.device_name = info.name
+        self.device = info.label
         strategy.validate(self.cc)
         if kernels == "numba":
             self._numba = _numba_kernels()

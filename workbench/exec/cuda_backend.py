@@ -59,10 +59,9 @@ def present_gpu_name() -> str | None:
     """Name of CUDA device 0 when one is usable, else None."""
     if not cuda_available()[0]:
         return None
-    import cupy
+    from .device import device_info
 
-    name = cupy.cuda.runtime.getDeviceProperties(0)["name"]
-    return name.decode() if isinstance(name, bytes) else str(name)
+    return device_info().name
 
 
 def graph_trace_mode(node_tokens: int | None, n_tokens: int) -> tuple[str, tuple[int, ...]]:
@@ -94,10 +93,9 @@ class CudaBackend:
     def compute_capability(self, options: CudaOptions) -> tuple[int, int] | None:
         if not cuda_available()[0]:
             return None
-        import cupy
+        from .device import device_info
 
-        cc = str(cupy.cuda.Device().compute_capability)  # "90" -> (9, 0), "100" -> (10, 0)
-        return int(cc[:-1]), int(cc[-1])
+        return device_info().compute_capability
 
     def __init__(self) -> None:
         #: (model, seed, weights) -> the executor that owns those device weights
@@ -176,7 +174,8 @@ def decode(ex: Any, req: RunRequest) -> Run:
         ex.bind_plan(plan)
     capture = None
     if req.trace:
-        from ..trace.cupti import copies_from_plan, open_capture, sites_from_plan
+        from ..trace.cupti import open_capture
+        from ..trace.cupti_records import copies_from_plan, sites_from_plan
 
         graph_trace, node_tokens = graph_trace_mode(opts.node_tokens, len(ids))
         first = ex.prepare(req.start_pos)
