@@ -13,7 +13,7 @@ COMMANDS = {
     "run": ("workbench.commands.run", "run decode steps of a model under a strategy (sim, cuda or reference)"),
     "verify": ("workbench.commands.verify", "prove a Plan race-free (happens-before analysis)"),
     "view": ("workbench.commands.view", "draw, summarise or convert a trace file"),
-    "calibrate": ("workbench.exec.calibrate", "measure the simulator's cost model on this GPU"),
+    "calibrate": ("workbench.commands.calibrate", "measure the simulator's cost model on this GPU"),
     "lab": ("workbench.commands.lab", "open JupyterLab on the notebooks"),
 }
 

@@ -29,9 +29,5 @@ By default only Llama shapes are measured (``specs.CALIBRATION_MODELS``; ``--mod
 others): the families left out stay held out, so the fidelity report
 (``benchmarks/sim_fidelity.py``) shows the error on families the fit has not seen.
 
-The command itself (``configure`` / ``main``) is in ``cli``.
+The command (``workbench calibrate``) is ``workbench/commands/calibrate.py``.
 """
-
-from .cli import configure, main
-
-__all__ = ["configure", "main"]

@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from ..calibration import CALIBRATION_DIR, parse_calibration
-from .check import calibration_run_errors
-from .fit import fit
-from .measure import measure
-from .specs import CALIBRATION_MODELS, ModelSpec
+from ..exec.calibrate.check import calibration_run_errors
+from ..exec.calibrate.fit import fit
+from ..exec.calibrate.measure import measure
+from ..exec.calibrate.specs import CALIBRATION_MODELS, ModelSpec
+from ..exec.calibration import CALIBRATION_DIR, parse_calibration
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -60,7 +60,7 @@ def main(args: argparse.Namespace) -> int:
     if args.from_raw:
         raw = _read_json(Path(args.from_raw))
     else:
-        from ..kernels import require_cupy
+        from ..exec.kernels import require_cupy
 
         require_cupy()
         raw = measure(parse_models(args.models), tokens=args.tokens, log=lambda s: print(s, file=sys.stderr))
