@@ -19,6 +19,7 @@ from ..exec.calibration import known_gpus
 from ..models import ModelConfig
 from ..strategy import Strategy
 from .flags import add_model_strategy_args, config_from_args, strategy_from_args
+from .progress import ProgressBar
 
 TRACE_SUFFIXES = (".json", ".csv", ".parquet", ".html", ".png", ".svg", ".pdf")
 
@@ -189,8 +190,9 @@ def main(args: argparse.Namespace) -> int:
 
         backend, why = default_backend()
         print(f"workbench run: backend {backend} ({why}; choose with --backend)", file=sys.stderr)
-    result_run = run(cfg, strategy, tokens=args.tokens, backend=backend, start_pos=args.start_pos, seed=args.seed,
-                     trace=bool(args.trace), **backend_options(args, backend))
+    with ProgressBar() as progress:
+        result_run = run(cfg, strategy, tokens=args.tokens, backend=backend, start_pos=args.start_pos,
+                         seed=args.seed, trace=bool(args.trace), progress=progress, **backend_options(args, backend))
     if args.trace:
         write_trace(result_run.trace, args.trace)
     out = result(cfg, strategy, result_run, args)
