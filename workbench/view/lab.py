@@ -9,6 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
 
 #: the checkout's notebooks (the package is installed editable from the checkout)
 NOTEBOOKS = Path(__file__).resolve().parents[2] / "notebooks"
@@ -137,3 +138,22 @@ def run_notebook_in_browser(page, lab: LabServer, name: str, timeout_s: float = 
     errors = page.evaluate(_ERRORS)
     if errors:
         raise RuntimeError(f"{name}: a cell failed in the browser:\n" + "\n".join(errors)[-3000:])
+
+
+def execute_notebook(path: Path, workdir: Path, timeout_s: float = 60.0) -> tuple[float, Any]:
+    """Run a notebook top to bottom headless (nbclient) in ``workdir`` (its exports land there);
+    returns (seconds, executed notebook). A cell past ``timeout_s`` raises nbclient's error."""
+    import shutil
+    import time
+
+    import nbclient
+    import nbformat
+
+    nb = nbformat.read(path, as_version=4)
+    workdir.mkdir(parents=True, exist_ok=True)
+    shutil.copy(path, workdir / path.name)
+    client = nbclient.NotebookClient(nb, timeout=timeout_s, kernel_name="python3",
+                                     resources={"metadata": {"path": str(workdir)}})
+    t0 = time.perf_counter()
+    client.execute()
+    return time.perf_counter() - t0, nb
