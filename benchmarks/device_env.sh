@@ -4,7 +4,7 @@
 export PYTHONUNBUFFERED=1
 if ls .whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
-    export PYTHONPATH=/tmp/site:.
+    export PYTHONPATH=/tmp/site:$PWD  # absolute: notebook kernels start in other folders
 else
-    export PYTHONPATH=.
+    export PYTHONPATH=$PWD
 fi

@@ -131,7 +131,8 @@ def report(data: dict[str, Any]) -> str:
              f"Measured {env.get('date', '')[:10]} with `python benchmarks/lab_latency.py` on "
              f"{env.get('gpu_name', 'CPU')} (driver {env.get('driver_version', '-')}, CuPy {env.get('cupy', '-')}). "
              "Time from a knob change to the redrawn timeline in `ControlPanel` (run + CUPTI trace + race check + "
-             "figure), one process.", "",
+             "figure), one process. A toggle to a PDL placement this process has not compiled yet pays for NVRTC "
+             "(CuPy's on-disk cache serves later processes): that is the largest toggle time.", "",
              "| model | backend | first run s (target) | toggle median s (target) | toggle max s | memory growth |",
              "|---|---|---|---|---|---|"]
     targets = {m: (f, t) for m, _, _, f, t in MODELS}
