@@ -16,8 +16,9 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from . import preflight
 from .exec.calibration import known_gpus
-from .models import ModelConfig, load_config
+from .models import ModelConfig
 from .strategy import ALLOCATORS, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
 
 BACKENDS = ("sim", "cuda", "reference")
@@ -41,7 +42,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
-    return load_config(args.model, layers=args.layers, context=args.context)
+    return preflight.load_model(vars(args))
 
 
 def strategy_from_args(args: argparse.Namespace) -> Strategy:
@@ -71,6 +72,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "token per kernel, which costs +15-21 %% us/token instead of about +3 %% (H200, "
                         "data/bench/trace_overhead_h200.md). Default 2")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    preflight.add_args(p)
 
 
 def graph_trace_from_arg(text: str, tokens: int) -> tuple[str, tuple[int, ...]]:
@@ -254,18 +256,13 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     strategy = strategy_from_args(args)
-    if args.tokens < 1:
-        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
-    if args.trace:
-        suffix = Path(args.trace).suffix.lower()
-        if suffix not in TRACE_SUFFIXES:
-            raise ValueError(f"--trace {args.trace}: unknown format {suffix or '(none)'!r}; use one of "
-                             f"{', '.join(TRACE_SUFFIXES)}")
     backend = choose_backend(args.backend)
+    est = preflight.run_checks(cfg, strategy, backend, vars(args), preflight.stderr("run"), TRACE_SUFFIXES)
     tokens = [int(t) for t in np.random.default_rng(args.seed).integers(0, cfg.get("vocab_size"), args.tokens)]
-    run = run_backend(backend, cfg, strategy, tokens, args)
+    with preflight.progress(est, preflight.stderr("run")):
+        run = run_backend(backend, cfg, strategy, tokens, args)
     if args.trace:
         write_trace(run.trace, args.trace)
-    out = result(cfg, strategy, run, args)
+    out = result(cfg, strategy, run, args) | preflight.result_flags(est)
     print(json.dumps(out) if args.json else describe(out))
     return 0

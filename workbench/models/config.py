@@ -42,6 +42,11 @@ class ModelConfig:
     weight_dtype: str = "f16"
     kv_dtype: str = "f16"
 
+    def __post_init__(self) -> None:
+        from .validate import validate_config
+
+        validate_config(self)  # every way of making a config (preset, config.json, GGUF, with_) passes here
+
     @property
     def model_type(self) -> str:
         return self.get("model_type")
