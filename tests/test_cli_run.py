@@ -67,7 +67,7 @@ def test_reference_backend_runs_the_plan_graph(capsys):
     (["--backend", "sim", "--gpu", "a100"], "known GPUs: h100, h200"),
     (["--backend", "sim", "--host-profile", "amiga"], "known: python, llama.cpp, llama.cpp-windows"),
     (["--backend", "sim", "--trace", "t.txt"], "unknown format '.txt'"),
-    (["--backend", "sim", "--tokens", "0"], "--tokens must be >= 1"),
+    (["--backend", "sim", "--tokens", "0"], "--tokens 0 is out of range"),
     (["--backend", "sim", "--tokens", "600"], "raise --context"),
 ])
 def test_errors_name_the_problem_and_the_fix(capsys, monkeypatch, argv, message):

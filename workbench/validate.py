@@ -55,8 +55,9 @@ def check_model_options(layers: int | None, context: int | None) -> None:
 
 def check_steps(context: int, tokens: int, start_pos: int = 0, tokens_flag: str = "--tokens") -> None:
     """Decode steps ``start_pos .. start_pos + tokens - 1`` must lie inside the KV cache."""
-    check_range(tokens_flag, tokens, 1, context, f"the KV cache holds --context {context} positions")
-    check_range("--start-pos", start_pos, 0, context - 1, f"the KV cache holds --context {context} positions")
+    hint = f"the KV cache holds --context {context} positions (raise --context for more)"
+    check_range(tokens_flag, tokens, 1, context, hint)
+    check_range("--start-pos", start_pos, 0, context - 1, hint)
     if start_pos + tokens > context:
         raise OptionError(f"--start-pos {start_pos} + {tokens_flag} {tokens} = {start_pos + tokens} runs past "
                           f"--context {context}: lower them or raise --context")
