@@ -45,6 +45,8 @@ ERRORS = [
     ("start-pos-plus-tokens", ["run", "--model", "llama-tiny", *SIM, "--start-pos", "510", "--tokens", "8"],
      ["--start-pos 510", "--tokens 8", "--context 512"]),
     ("seed-negative", ["run", "--model", "llama-tiny", *SIM, "--seed", "-1"], ["--seed -1", "[0, 2**63 - 1]"]),
+    ("seed-negative-no-backend", ["run", "--model", "llama-tiny", "--seed", "-1"], ["--seed -1"]),  # before the
+    # default backend is announced, so the error stays the only line
     ("tokens-zero", ["run", "--model", "llama-tiny", *SIM, "--tokens", "0"], ["--tokens 0"]),
     ("layers-zero", ["run", "--model", "llama-tiny", *SIM, "--layers", "0"], ["--layers 0"]),
     ("layers-absurd", ["run", "--model", "gpt-oss-tiny", *SIM, "--layers", "1000000000"],

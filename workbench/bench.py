@@ -256,8 +256,9 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     strategy = strategy_from_args(args)
+    preflight.run_options(cfg, vars(args), TRACE_SUFFIXES)
     backend = choose_backend(args.backend)
-    est = preflight.run_checks(cfg, strategy, backend, vars(args), preflight.stderr("run"), TRACE_SUFFIXES)
+    est = preflight.run_checks(cfg, strategy, backend, vars(args), preflight.stderr("run"))
     tokens = [int(t) for t in np.random.default_rng(args.seed).integers(0, cfg.get("vocab_size"), args.tokens)]
     with preflight.progress(est, preflight.stderr("run")):
         run = run_backend(backend, cfg, strategy, tokens, args)

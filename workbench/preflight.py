@@ -58,22 +58,25 @@ def _max_seconds(opts: Mapping[str, Any]) -> float:
     return float(s)
 
 
-def run_checks(cfg: ModelConfig, strategy: Strategy, backend: str, opts: Mapping[str, Any],
-               emit: Emit, trace_suffixes: tuple[str, ...] = ()) -> Estimate:
-    """``workbench run`` (and ``workbench.run``): every check before the first step; notices
-    and warnings go to ``emit``; ``trace_suffixes``: the formats ``--trace`` can write.
-    Returns the estimate (its ``fits_device`` flags the result)."""
-    tokens, start_pos = opts.get("tokens", 8), opts.get("start_pos", 0)
-    validate.check_steps(cfg.context, tokens, start_pos)
+def run_options(cfg: ModelConfig, opts: Mapping[str, Any], trace_suffixes: tuple[str, ...] = ()) -> None:
+    """``workbench run`` (and ``workbench.run``): the options that need no backend, checked
+    before one is chosen; ``trace_suffixes``: the formats ``--trace`` can write."""
+    validate.check_steps(cfg.context, opts.get("tokens", 8), opts.get("start_pos", 0))
     validate.check_seed(opts.get("seed", 0))
     validate.node_tokens_arg(opts.get("node_tokens", "2"))
     if opts.get("trace"):
         validate.check_output("--trace", opts["trace"], trace_suffixes)
-    limit = _max_seconds(opts)
+    _max_seconds(opts)
+
+
+def run_checks(cfg: ModelConfig, strategy: Strategy, backend: str, opts: Mapping[str, Any], emit: Emit) -> Estimate:
+    """``workbench run`` once the backend is known: notices for options it ignores, then the
+    resource estimate (refused past the machine, the GPU or ``--max-seconds``; warnings and a
+    long run's announcement go to ``emit``). Returns the estimate (``fits_device`` flags the result)."""
     for note in validate.inert_options(opts, strategy, backend):
         emit(f"notice: {note}")
-    est = estimate(cfg, strategy, backend, tokens, start_pos, gpu=opts.get("gpu"))
-    for note in check(est, limit, "run"):
+    est = estimate(cfg, strategy, backend, opts.get("tokens", 8), opts.get("start_pos", 0), gpu=opts.get("gpu"))
+    for note in check(est, _max_seconds(opts), "run"):
         emit(note)
     return est
 
