@@ -66,6 +66,8 @@ ERRORS = [
     ("trace-unknown-suffix", ["run", "--model", "llama-tiny", *SIM, "--trace", "t.txt"], ["--trace t.txt", "'.txt'"]),
     ("trace-missing-folder", ["run", "--model", "llama-tiny", *SIM, "--trace", "no/such/t.json"],
      ["--trace no/such/t.json", "does not exist"]),
+    ("trace-empty-name", ["run", "--model", "llama-tiny", *SIM, "--trace", ""], ["--trace", "no suffix"]),
+    ("config-not-an-object", ["run", "--model", "num.json", *SIM], ["num.json", "JSON int"]),
     ("unknown-preset", ["run", "--model", "llama-tinyy", *SIM], ["'llama-tinyy'"]),
     ("missing-config", ["run", "--model", "nothere/config.json", *SIM], ["nothere/config.json"]),
     ("view-missing-trace", ["view", "nothere.json", "--summary"], ["nothere.json"]),
@@ -132,6 +134,7 @@ def assert_error(rc: int, out: str, err: str, argv: list[str], fragments: list[s
 @pytest.fixture
 def here(tmp_path, monkeypatch) -> Path:
     monkeypatch.chdir(tmp_path)
+    (tmp_path / "num.json").write_text("5")
     return tmp_path
 
 
@@ -182,6 +185,8 @@ def test_output_paths_are_checked_before_any_work(capsys, here, monkeypatch):
         (["view", "a.json", "--out", "a.txt"], ["--out a.txt", "'.txt'"]),
         (["view", "a.json", "--out", "."], ["--out ."]),
         (["view", "a.json", "--compare", "a.json", "--out", "c.json"], ["--out c.json", "figure"]),
+        (["view", "a.json", "--out", "a.json"], ["--out a.json", "being read"]),
+        (["view", "a.json", "--out", ""], ["--out ''"]),
     ]:
         assert_error(*cli(capsys, argv, here), argv, fragments)
 

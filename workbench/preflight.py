@@ -64,7 +64,7 @@ def run_options(cfg: ModelConfig, opts: Mapping[str, Any], trace_suffixes: tuple
     validate.check_steps(cfg.context, opts.get("tokens", 8), opts.get("start_pos", 0))
     validate.check_seed(opts.get("seed", 0))
     validate.node_tokens_arg(opts.get("node_tokens", "2"))
-    if opts.get("trace"):
+    if opts.get("trace") is not None:
         validate.check_output("--trace", opts["trace"], trace_suffixes)
     _max_seconds(opts)
 
@@ -120,6 +120,8 @@ def view_checks(trace: str | Path, out: str | None, opts: Mapping[str, Any], emi
     """``workbench view``: the output path and format before the (slow) drawing, distinct runs
     to compare; returns the labels of the runs (the trace, then each ``--compare`` file)."""
     compare = list(opts.get("compare") or [])
+    if opts.get("out") == "":
+        raise validate.OptionError("--out '': give a file name (.html, .png, .svg, .pdf or .json)")
     for other in compare:
         if not Path(other).is_file():
             raise validate.OptionError(f"--compare {other}: no such trace file")
@@ -127,6 +129,8 @@ def view_checks(trace: str | Path, out: str | None, opts: Mapping[str, Any], emi
         why = " (--compare draws a figure)" if compare else ""
         suffixes = tuple(s for s in VIEW_SUFFIXES if not (compare and s == ".json"))
         validate.check_output("--out", out, suffixes, why)
+        if Path(out).resolve() in {Path(p).resolve() for p in [trace, *compare]}:
+            raise validate.OptionError(f"--out {out}: is one of the traces being read; write to another file")
     labels = validate.run_labels([trace, *compare]) if compare else [Path(trace).name]
     if out is None:
         given = [f for f in ("compare", "align_token", "title") if opts.get(f) not in (None, [], "")]

@@ -119,6 +119,8 @@ def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None,
             raise ConfigError(f"no config.json at {path}") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{path} holds a JSON {type(hf).__name__}; expected an object of config fields")
         name = name or path.parent.name
     if "model_type" not in hf:
         raise ConfigError(f"config {name or '?'} has no 'model_type'; expected one of {sorted(MODEL_TYPES)}")

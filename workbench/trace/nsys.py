@@ -49,6 +49,9 @@ def _tid(g: pd.Series) -> np.ndarray:
 
 #: Columns the importer reads as text; every other column it reads holds numbers (ids, ns, bytes).
 TEXT_COLUMNS = frozenset({"text", "name", "value"})
+#: Required columns that may not hold NULL (times, stream and row ids the importer converts to
+#: integers); other NULLs are tolerated as nsys writes them (a process without pid, ...).
+NON_NULL_COLUMNS = frozenset({"start", "end", "streamId", "eventType", "id", "cudaId", "gpuId"})
 
 
 def _open_read_only(path: Path) -> sqlite3.Connection:
@@ -90,8 +93,8 @@ class _Db:
 
 
 def _check_values(path: Path, table: str, df: pd.DataFrame, required: list[str]) -> None:
-    """Every numeric column holds numbers and every required one has no NULL; otherwise a
-    TraceError naming the table, the column, the row (SQLite rowid) and the value."""
+    """Every numeric column holds numbers and the required times and ids are not NULL;
+    otherwise a TraceError naming the table, the column, the row (SQLite rowid) and the value."""
     for col in df.columns:
         if col == "_rowid" or col in TEXT_COLUMNS:
             continue
@@ -102,7 +105,7 @@ def _check_values(path: Path, table: str, df: pd.DataFrame, required: list[str])
             i = bad.idxmax()
             raise TraceError(f"{path.name}: table {table}, column {col}, row {df['_rowid'][i]}: value {s[i]!r} is "
                              "not a number (the nsys export schema stores integers there)")
-        if col in required and s.isna().any():
+        if col in required and col in NON_NULL_COLUMNS and s.isna().any():
             i = s.isna().idxmax()
             raise TraceError(f"{path.name}: table {table}, column {col}, row {df['_rowid'][i]}: value is NULL, "
                              "but the importer needs it in every row")
