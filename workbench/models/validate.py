@@ -66,12 +66,9 @@ def validate_config(cfg: ModelConfig) -> None:
         v.boolean(key)
     _attention(v)
     _rope(v)
-    if cfg.model_type == "qwen3_moe":
-        _qwen3_moe(v)
-    elif cfg.model_type == "gpt_oss":
-        _gpt_oss(v)
-    elif cfg.model_type == "qwen3_next":
-        _qwen3_next(v)
+    per_type = {"qwen3_moe": _sparse_layers, "gpt_oss": _gpt_oss, "qwen3_next": _qwen3_next}
+    if cfg.model_type in per_type:
+        per_type[cfg.model_type](v)
 
 
 class _Checker:
@@ -110,7 +107,7 @@ class _Checker:
     def positive_float(self, key: str, required: bool = False, hi: float = math.inf) -> float | None:
         value = self.number(key, required)
         if value is not None and not 0 < value <= hi:
-            self.fail(key, value, f"must be a number in (0, {hi:g}]")
+            self.fail(key, value, "must be a number > 0" if hi == math.inf else f"must be a number in (0, {hi:g}]")
         return value
 
     def boolean(self, key: str) -> None:
@@ -179,7 +176,7 @@ def _rope(v: _Checker) -> None:
     for key in needed + ("beta_fast", "beta_slow", "attention_factor"):
         value = scaling.get(key)
         if value is None and key in needed:
-            v.fail(f"rope_scaling.{key}", None, f"is required by rope_type {kind}")
+            v.fail(f"rope_scaling.{key}", None, f"rope_type {kind} needs it")
         if value is not None and (isinstance(value, bool) or not isinstance(value, int | float)
                                   or not math.isfinite(value) or value <= 0):
             v.fail(f"rope_scaling.{key}", value, "must be a number > 0")
@@ -189,7 +186,7 @@ def _rope(v: _Checker) -> None:
     if kind == "yarn" and scaling.get("original_max_position_embeddings") is None and \
             not v.has("max_position_embeddings"):
         v.fail("rope_scaling.original_max_position_embeddings", None,
-               "is required by rope_type yarn when max_position_embeddings is not given")
+               "rope_type yarn needs it when max_position_embeddings is not given")
 
 
 def _experts(v: _Checker, count_key: str, lo: int) -> None:
@@ -198,19 +195,17 @@ def _experts(v: _Checker, count_key: str, lo: int) -> None:
     k = v.cfg.get("num_experts_per_tok")
     if n is not None and n > 0 and k > n:
         v.fail("num_experts_per_tok", k, f"must be in [1, {count_key} {n}]")
-    for key in ("experts_per_token",):  # gpt-oss writes top-k twice; both must agree
-        other = v.value(key, False)
-        if other is not None and other != k:
-            v.fail(key, other, f"must equal num_experts_per_tok {k}")
+    other = v.value("experts_per_token", False)  # gpt-oss writes its top-k twice; both must agree
+    if other is not None and other != k:
+        v.fail("experts_per_token", other, f"must equal num_experts_per_tok {k}")
 
 
 def _sparse_layers(v: _Checker) -> None:
     """Qwen3-MoE style layer selection; a dense layer needs ``intermediate_size``."""
-    n_layer = v.cfg.get("num_hidden_layers")
     _experts(v, "num_experts", lo=0)
     v.size("moe_intermediate_size")
     step = v.size("decoder_sparse_step", required=False)
-    dense_layers = v.int_list("mlp_only_layers", 0, n_layer - 1)
+    dense_layers = v.int_list("mlp_only_layers", 0, MAX_DIM)  # entries past a --layers cut are harmless
     if dense_layers or (step or 1) > 1 or v.cfg.get("num_experts") == 0:
         v.size("intermediate_size")
 
@@ -224,11 +219,7 @@ def _layer_types(v: _Checker) -> None:
     if not isinstance(types, list | tuple) or any(t not in allowed for t in types):
         v.fail("layer_types", types, f"must be a list of {' / '.join(allowed)}")
     if len(types) != n_layer:
-        v.fail("layer_types", f"<{len(types)} entries>", f"must have one entry per layer (num_hidden_layers {n_layer})")
-
-
-def _qwen3_moe(v: _Checker) -> None:
-    _sparse_layers(v)
+        v.fail("layer_types", types, f"has {len(types)} entries; give one per layer (num_hidden_layers {n_layer})")
 
 
 def _gpt_oss(v: _Checker) -> None:
