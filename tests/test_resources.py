@@ -4,6 +4,7 @@ checks refuse what cannot fit or finish with messages that say what to lower."""
 from __future__ import annotations
 
 import dataclasses
+import time
 
 import pytest
 
@@ -66,3 +67,17 @@ def test_estimates_grow_with_the_work():
     assert v64.host_bytes / v2.host_bytes > 100     # quadratic in the unrolled points
     deeper = estimate(dataclasses.replace(cfg).with_(layers=64), s, "reference", 8)
     assert deeper.host_bytes > estimate(cfg, s, "reference", 8).host_bytes
+
+
+def test_heartbeat_beats_while_a_long_run_works_and_stops_after():
+    from workbench.progress import heartbeat
+
+    beats: list[str] = []
+    with heartbeat(beats.append, estimate_s=1.0, what="sim backend", every=0.05, min_seconds=0.5):
+        time.sleep(0.3)
+    n = len(beats)
+    time.sleep(0.15)
+    assert n >= 2 and len(beats) == n and beats[0].startswith("sim backend: 0 s elapsed of about 1 s estimated")
+    with heartbeat(beats.append, estimate_s=0.1, every=0.01, min_seconds=0.5):  # short runs stay quiet
+        time.sleep(0.05)
+    assert len(beats) == n
