@@ -71,6 +71,14 @@ ERRORS = [
     ("unknown-preset", ["run", "--model", "llama-tinyy", *SIM], ["'llama-tinyy'"]),
     ("missing-config", ["run", "--model", "nothere/config.json", *SIM], ["nothere/config.json"]),
     ("view-missing-trace", ["view", "nothere.json", "--summary"], ["nothere.json"]),
+    ("calibrate-out-before-measuring", ["calibrate", "--out", "no/such/h100.json"], ["--out no/such/h100.json"]),
+    ("calibrate-out-suffix", ["calibrate", "--out", "cal.txt"], ["--out cal.txt", ".json"]),
+    ("calibrate-raw-suffix", ["calibrate", "--raw", "raw.txt"], ["--raw raw.txt", ".json.gz"]),
+    ("calibrate-from-raw-missing", ["calibrate", "--from-raw", "nothere.json"], ["--from-raw nothere.json"]),
+    ("calibrate-models-unknown", ["calibrate", "--models", "llama-tiny,bogus"], ["'bogus'"]),
+    ("calibrate-models-layers", ["calibrate", "--models", "llama-tiny:x"], ["llama-tiny:x", "'x'"]),
+    ("calibrate-tokens-zero", ["calibrate", "--tokens", "0"], ["--tokens 0"]),
+    ("lab-port", ["lab", "--port", "99999", "--dry-run"], ["--port 99999", "65535"]),
 ]
 
 #: (id, preset, changed fields (None deletes one), fragments of the error) for a config.json

@@ -143,3 +143,32 @@ def view_checks(trace: str | Path, out: str | None, opts: Mapping[str, Any], emi
         if opts.get("title") and Path(out).suffix.lower() == ".json":
             emit("notice: --title has no effect on a Perfetto .json export")
     return labels
+
+
+def calibrate_checks(opts: Mapping[str, Any]) -> None:
+    """``workbench calibrate``: the files it will write and the models it will measure, before
+    minutes of GPU measurement (a bad ``--out`` used to fail only when writing the result)."""
+    if opts.get("from_raw") is not None and not Path(opts["from_raw"]).is_file():
+        raise validate.OptionError(f"--from-raw {opts['from_raw']}: no such file")
+    if opts.get("out") is not None:
+        validate.check_output("--out", opts["out"], (".json",))
+    if opts.get("raw") is not None:
+        validate.check_output("--raw", opts["raw"], (".json", ".gz"), " (.json or .json.gz)")
+    validate.check_range("--tokens", opts.get("tokens", 12), 1)
+    text = opts.get("models")
+    for part in text.split(",") if text is not None else []:
+        name, *sizes = part.strip().split(":")
+        if not name:
+            raise validate.OptionError(f"--models {text!r}: an empty entry; give preset[:layers[:context]],...")
+        if name not in PRESETS:
+            raise validate.OptionError(f"--models: unknown preset {name!r}; known: {', '.join(PRESETS)}")
+        if len(sizes) > 2:
+            raise validate.OptionError(f"--models {part.strip()}: too many ':' fields; give preset[:layers[:context]]")
+        for flag, size in zip(("layers", "context"), sizes):
+            if size and not size.isdigit():
+                raise validate.OptionError(f"--models {part.strip()}: {flag} {size!r} is not a number")
+
+
+def lab_checks(opts: Mapping[str, Any]) -> None:
+    """``workbench lab``: a port JupyterLab can listen on."""
+    validate.check_range("--port", opts.get("port", 8888), 1, 65535)

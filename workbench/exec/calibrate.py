@@ -1183,6 +1183,9 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..preflight import calibrate_checks
+
+    calibrate_checks(vars(args))
     if args.from_raw:
         raw = _read_json(Path(args.from_raw))
     else:

@@ -50,6 +50,9 @@ def command(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    from ..preflight import lab_checks
+
+    lab_checks(vars(args))
     cmd = command(args)
     if args.dry_run:
         print(shlex.join(cmd))
