@@ -245,6 +245,35 @@ def test_nsys_bad_value_names_table_column_and_row(capsys, here, table, column, 
     assert_error(*cli(capsys, argv, here), argv, expected)
 
 
+def test_nsys_bad_value_in_a_table_without_rowid_is_named_by_position(capsys, here):
+    """A lone text value reads back as a string column (not object); a WITHOUT ROWID table
+    has no rowid, so the row is the 1-based position."""
+    path = write_nsys_sqlite(synthetic_trace(), here / "bad.sqlite")
+    con = sqlite3.connect(path)
+    con.execute("CREATE TABLE t (nameId INTEGER NOT NULL, priority INTEGER, globalTid INTEGER PRIMARY KEY) "
+                "WITHOUT ROWID")
+    con.execute("INSERT INTO t SELECT nameId, priority, globalTid FROM ThreadNames")
+    con.execute("DROP TABLE ThreadNames")
+    con.execute("ALTER TABLE t RENAME TO ThreadNames")
+    con.execute("UPDATE ThreadNames SET nameId = 'zz' WHERE globalTid = (SELECT MIN(globalTid) FROM ThreadNames)")
+    con.commit()
+    con.close()
+    argv = ["view", "bad.sqlite", "--summary"]
+    assert_error(*cli(capsys, argv, here), argv, ["table ThreadNames", "column nameId", "row 1", "'zz'"])
+
+
+def test_nsys_reader_never_creates_a_file(here):
+    from workbench.trace.nsys import read_nsys_sqlite
+    from workbench.trace.table import TraceError
+
+    for name in ("missing.sqlite", "e?y.sqlite", "a#b.sqlite"):
+        with pytest.raises(TraceError, match="not a readable SQLite database"):
+            read_nsys_sqlite(here / name)
+        with pytest.raises(TraceError):
+            read_nsys_sqlite(name)  # relative, as typed on the command line
+    assert files(here) == {"num.json"}
+
+
 def _limit_memory() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (CHILD_AS_BYTES, CHILD_AS_BYTES))
 

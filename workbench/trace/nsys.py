@@ -99,8 +99,9 @@ def _check_values(path: Path, table: str, df: pd.DataFrame, required: list[str])
         if col == "_rowid" or col in TEXT_COLUMNS:
             continue
         s = df[col]
-        bad = s.map(lambda x: not isinstance(x, int | float) or isinstance(x, bool)) & s.notna() \
-            if s.dtype == object else pd.Series(False, index=s.index)
+        bad = pd.Series(False, index=s.index)
+        if not pd.api.types.is_numeric_dtype(s):  # object or string dtype: some value is not a number
+            bad = s.map(lambda x: not isinstance(x, int | float) or isinstance(x, bool)) & s.notna()
         if bad.any():
             i = bad.idxmax()
             raise TraceError(f"{path.name}: table {table}, column {col}, row {df['_rowid'][i]}: value {s[i]!r} is "
