@@ -97,6 +97,7 @@ CONFIGS = [
     ("rope-factor-missing", "llama-tiny", {"rope_scaling": {"rope_type": "llama3"}}, ["rope_scaling.factor"]),
     ("rope-type-unknown", "llama-tiny", {"rope_scaling": {"rope_type": "ntk", "factor": 2.0}}, ["'ntk'"]),
     ("gdn-heads", "qwen3-next-tiny", {"linear_num_value_heads": 3}, ["linear_num_value_heads 3"]),
+    ("field-missing", "gpt-oss-tiny", {"sliding_window": None}, ["sliding_window is missing", "gpt_oss"]),
     ("odd-rotary-dims", "llama-tiny", {"head_dim": 15, "num_attention_heads": 4}, ["head_dim 15", "even"]),
 ]
 

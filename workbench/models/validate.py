@@ -85,7 +85,10 @@ class _Checker:
         return self.cfg.get(key, None) is not None
 
     def value(self, key: str, required: bool) -> Any:
-        return self.cfg.get(key) if required else self.cfg.get(key, None)
+        value = self.cfg.get(key, None)
+        if value is None and required:
+            self.fail(key, None, f"the {self.cfg.model_type} builder needs it; add it to config.json")
+        return value
 
     def integer(self, key: str, value: Any, lo: int = 1, hi: int = MAX_DIM) -> int:
         if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
