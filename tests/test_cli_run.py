@@ -67,7 +67,7 @@ def test_reference_backend_runs_the_plan_graph(capsys):
     (["--backend", "sim", "--gpu", "a100"], "known GPUs: h100, h200"),
     (["--backend", "sim", "--host-profile", "amiga"], "known: python, llama.cpp, llama.cpp-windows"),
     (["--backend", "sim", "--trace", "t.txt"], "unknown format '.txt'"),
-    (["--backend", "sim", "--tokens", "0"], "--tokens must be >= 1"),
+    (["--backend", "sim", "--tokens", "0"], "--tokens 0 is out of range"),
     (["--backend", "sim", "--tokens", "600"], "raise --context"),
 ])
 def test_errors_name_the_problem_and_the_fix(capsys, monkeypatch, argv, message):
@@ -98,14 +98,14 @@ def test_cuda_backend_gets_the_plans_and_token_ids(monkeypatch):
     ("2", 8, ("graph", (6, 7))), ("0", 8, ("graph", ())), ("all", 8, ("node", ())), ("8", 8, ("node", ())),
 ])
 def test_node_tokens_flag_picks_graph_level_tracing(text, tokens, expected):
-    from workbench.commands.run import node_tokens_from_arg
+    from workbench.validate import node_tokens_arg
 
-    assert cuda_backend.graph_trace_mode(node_tokens_from_arg(text), tokens) == expected
+    assert cuda_backend.graph_trace_mode(node_tokens_arg(text), tokens) == expected
 
 
 @pytest.mark.parametrize("text", ["-1", "some"])
 def test_node_tokens_flag_errors_name_the_fix(text):
-    from workbench.commands.run import node_tokens_from_arg
+    from workbench.validate import node_tokens_arg
 
     with pytest.raises(ValueError, match="--node-tokens"):
-        node_tokens_from_arg(text)
+        node_tokens_arg(text)

@@ -166,7 +166,7 @@ def test_impossible_combinations_name_the_knob():
     compile_plan(g, Strategy(pdl=False), device_cc=(8, 9))  # without PDL an Ada GPU is fine
     with pytest.raises(StrategyError, match="pdl_families.*'matmul'"):
         compile_plan(g, Strategy(pdl=True, pdl_families=(("matmul", "start", "end"),)))
-    with pytest.raises(StrategyError, match="max_streams"):
+    with pytest.raises(StrategyError, match="--max-streams 2"):
         Strategy(streams="qkv", max_streams=2)
 
 

@@ -80,7 +80,7 @@ def test_impossible_combination_is_shown_and_the_previous_run_stays(p):
     p.streams.value = "qkv"
     p.max_streams.value = 2
     assert p.run() is None
-    assert "max_streams" in p.last_error
+    assert "--max-streams 2" in p.last_error
     assert "run failed" in p.status.value and "still shown" in p.status.value
     assert p.shown is good and p.figure is fig and len(p.history) == 1
     assert not p.run_button.disabled

@@ -11,14 +11,16 @@ from __future__ import annotations
 import dataclasses
 import sys
 import warnings
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 
+from . import preflight, validate
 from .exec.backend import Progress, RunRequest, get_backend
 from .exec.run import Run
-from .models import ModelConfig, load_config
+from .models import ModelConfig
+from .resources import MAX_SECONDS
 from .strategy import Strategy
 from .strategy.steps import plans_for_steps
 
@@ -35,9 +37,14 @@ def default_backend() -> tuple[str, str]:
 
 
 def resolve_model(model: str | ModelConfig, layers: int | None = None, context: int | None = None) -> ModelConfig:
+    """A ModelConfig from a name/path (``layers``/``context`` range-checked before loading) or
+    a ModelConfig with those overrides."""
     if isinstance(model, ModelConfig):
-        return model.with_(layers=layers, context=context) if (layers or context) else model
-    return load_config(model, layers=layers, context=context)
+        if layers is None and context is None:
+            return model
+        validate.check_model_options(layers, context)
+        return model.with_(layers=layers, context=context)
+    return preflight.load_model({"model": model, "layers": layers, "context": context})
 
 
 def backend_options(backend: str, options: dict[str, Any]) -> Any:
@@ -54,34 +61,39 @@ def backend_options(backend: str, options: dict[str, Any]) -> Any:
 def run(model: str | ModelConfig, strategy: Strategy | None = None, *, tokens: int | Sequence[int] = 8,
         backend: str | None = None, layers: int | None = None, context: int | None = None, start_pos: int = 0,
         seed: int = 0, trace: bool = False, progress: Progress | None = None, quiet: bool = False,
-        **options: Any) -> Run:
+        max_seconds: float = MAX_SECONDS, notice: Callable[[str], None] | None = None, **options: Any) -> Run:
     """Run decode steps of ``model`` (a preset name, a config.json/folder/.gguf path or a
     ModelConfig) under ``strategy`` (default: llama.cpp's behaviour before the four changes).
 
     ``tokens``: a count of seeded random token ids or the ids themselves; ``backend``: a name
     from ``workbench.backends()`` (default: ``cuda`` with a GPU, else ``sim``); ``trace``: record
     a device timeline where the backend can (the simulator always does); ``progress(stage,
-    done, total)`` is called as the run advances; other keywords go to the backend's options
-    (e.g. ``gpu="h200"``, ``host="llama.cpp"`` for ``sim``; ``kernels="numba"`` for ``cuda``).
+    done, total)`` is called as the run advances; ``max_seconds``: refuse a run estimated to take
+    longer (``resources.estimate``); ``notice``: where warnings and notices go (default stderr);
+    other keywords go to the backend's options (e.g. ``gpu="h200"``, ``host="llama.cpp"`` for
+    ``sim``; ``kernels="numba"`` for ``cuda``). Bad input raises a ValueError naming it.
     """
     strategy = strategy or Strategy()
     if backend is None:
         backend, why = default_backend()
         if not quiet:
             print(f"workbench: backend {backend} ({why}; choose with backend=... / --backend)", file=sys.stderr)
+    emit = notice or (lambda text: print(f"workbench: {text}", file=sys.stderr))
     impl = get_backend(backend)
     opts = backend_options(backend, options)
     cfg = resolve_model(model, layers, context)
+    n = tokens if isinstance(tokens, int) else len(tokens)
+    preflight.run_options(cfg, {"tokens": n, "start_pos": start_pos, "seed": seed, "max_seconds": max_seconds})
     ids = token_ids(cfg, tokens, seed) if isinstance(tokens, int) else [int(t) for t in tokens]
-    if not ids:
-        raise ValueError("tokens must be >= 1")
-    if start_pos < 0:
-        raise ValueError(f"start_pos must be >= 0, got {start_pos}")
     ok, why = impl.available()
     if not ok:
         raise RuntimeError(f"backend {backend!r} cannot run here: {why}. Use --backend sim (backend='sim') to "
                            "simulate the run on a calibrated GPU instead")
     cc = impl.compute_capability(opts)
+    est = preflight.resource_checks(cfg, strategy, backend, len(ids), start_pos, max_seconds, emit,
+                                    gpu=getattr(impl, "calibration_name", lambda o: None)(opts))
+    for note in getattr(impl, "notes", lambda o: [])(opts):  # after the checks: an error stays one line
+        emit(note)
     if progress is not None:
         progress("plan", 0, len(ids))
     with warnings.catch_warnings(record=True) as caught:
@@ -92,6 +104,7 @@ def run(model: str | ModelConfig, strategy: Strategy | None = None, *, tokens: i
     req = RunRequest(cfg, strategy, plans, ids, start_pos=start_pos, seed=seed, trace=trace, options=opts,
                      progress=progress)
     result = impl.run(req)
+    result.stats.update(preflight.result_flags(est))
     result.meta.setdefault("plans", plans)
     result.meta["notes"] = sorted({n for p in plans for n in p.warnings})
     return result

@@ -14,6 +14,7 @@ from ..exec.calibrate.fit import fit
 from ..exec.calibrate.measure import measure
 from ..exec.calibrate.specs import CALIBRATION_MODELS, ModelSpec
 from ..exec.calibration import CALIBRATION_DIR, parse_calibration
+from ..preflight import calibrate_checks
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -57,6 +58,7 @@ def _write_json(path: Path, obj: Any) -> None:
 
 
 def main(args: argparse.Namespace) -> int:
+    calibrate_checks(vars(args))
     if args.from_raw:
         raw = _read_json(Path(args.from_raw))
     else:

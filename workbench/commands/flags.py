@@ -6,7 +6,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from ..models import ModelConfig, load_config
+from ..models import ModelConfig
+from ..preflight import load_model
 from ..strategy import Strategy
 from ..strategy.knobs import KNOBS, inert_settings, parse_family_placements, parse_fusions
 
@@ -42,7 +43,8 @@ def add_model_strategy_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
-    return load_config(args.model, layers=args.layers, context=args.context)
+    """The model of ``--model`` with ``--layers``/``--context``, its options range-checked first."""
+    return load_model(vars(args))
 
 
 def given_knobs(args: argparse.Namespace) -> list[str]:
@@ -63,6 +65,9 @@ def strategy_from_args(args: argparse.Namespace, command: str = "workbench") -> 
             v = parse_family_placements(v)
         values[k.field] = v
     strategy = Strategy(**values)
-    for note in inert_settings(strategy, given_knobs(args)):
+    notes = inert_settings(strategy, given_knobs(args))
+    if args.fusion is not None and args.fusion.strip() and not values["fusion"]:
+        notes.append(f"--fusion {args.fusion!r} names no fusion and has no effect")
+    for note in notes:
         print(f"{command}: notice: {note}", file=sys.stderr)
     return strategy

@@ -15,6 +15,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+from ..preflight import lab_checks
 from ..view.lab import FIRST, NOTEBOOKS
 
 
@@ -48,6 +49,7 @@ def command(args: argparse.Namespace) -> list[str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    lab_checks(vars(args))
     cmd = command(args)
     if args.dry_run:
         print(shlex.join(cmd))

@@ -9,17 +9,18 @@ import argparse
 import importlib.util
 import json
 import math
-import sys
 from pathlib import Path
 from typing import Any
 
+from .. import preflight
 from ..api import run
 from ..exec.backend import backends
 from ..exec.calibration import known_gpus
 from ..models import ModelConfig
+from ..progress import ProgressBar
 from ..strategy import Strategy
+from ..validate import node_tokens_arg
 from .flags import add_model_strategy_args, config_from_args, strategy_from_args
-from .progress import ProgressBar
 
 TRACE_SUFFIXES = (".json", ".csv", ".parquet", ".html", ".png", ".svg", ".pdf")
 
@@ -44,19 +45,7 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "one span per graph launch (like nsys --cuda-graph-trace=graph); 'all' traces every "
                         "token per kernel, at a cost measured in data/bench/trace_overhead_h200.md. Default 2")
     p.add_argument("--json", action="store_true", help="print one JSON object")
-
-
-def node_tokens_from_arg(text: str) -> int | None:
-    """``--node-tokens``: a count of tokens, or ``all`` (None: every token per kernel)."""
-    if str(text).strip().lower() == "all":
-        return None
-    try:
-        n = int(text)
-    except ValueError:
-        raise ValueError(f"--node-tokens {text!r}: give a number of tokens (e.g. 2) or 'all'") from None
-    if n < 0:
-        raise ValueError(f"--node-tokens {n}: must be >= 0 (0 = graph-level spans only) or 'all'")
-    return n
+    preflight.add_args(p)
 
 
 #: backend options of this command: flag dest -> (backend, option name, parse)
@@ -64,24 +53,14 @@ BACKEND_FLAGS = {
     "gpu": ("sim", "gpu", str),
     "host_profile": ("sim", "host", str),
     "kernels": ("cuda", "kernels", str),
-    "node_tokens": ("cuda", "node_tokens", node_tokens_from_arg),
+    "node_tokens": ("cuda", "node_tokens", node_tokens_arg),
 }
 
 
 def backend_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
-    """The options of ``backend`` from the flags; a notice for each flag another backend reads."""
-    out = {}
-    for dest, (owner, name, parse) in BACKEND_FLAGS.items():
-        value = getattr(args, dest, None)
-        if value is None:
-            continue
-        if owner != backend:
-            flag = "--" + dest.replace("_", "-")
-            print(f"workbench run: notice: {flag} has no effect on the {backend} backend (it is a {owner} option)",
-                  file=sys.stderr)
-            continue
-        out[name] = parse(value)
-    return out
+    """The options of ``backend`` from the flags (the others get a notice: ``validate.inert_options``)."""
+    return {name: parse(getattr(args, dest)) for dest, (owner, name, parse) in BACKEND_FLAGS.items()
+            if owner == backend and getattr(args, dest, None) is not None}
 
 
 def write_trace(trace, path: str | Path) -> Path:
@@ -120,8 +99,9 @@ def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) 
         cal = run.meta["calibration"]
         out["gpu"], out["host_profile"] = cal.gpu, cal.host_profile
     out["largest_host_gaps"] = s.get("largest_host_gaps", [])
-    if "logits_finite" in s:
-        out["logits_finite"] = s["logits_finite"]
+    for key in ("logits_finite", "memory_fits_gpu", "gpu_memory_bytes"):
+        if key in s:
+            out[key] = s[key]
     if args.trace:
         out["trace"] = str(args.trace)
         for key in ("graph_trace", "node_tokens", "us_per_token_graph_level"):
@@ -177,22 +157,19 @@ def describe(out: dict[str, Any]) -> str:
 def main(args: argparse.Namespace) -> int:
     cfg = config_from_args(args)
     strategy = strategy_from_args(args, "workbench run")
-    if args.tokens < 1:
-        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
-    if args.trace:
-        suffix = Path(args.trace).suffix.lower()
-        if suffix not in TRACE_SUFFIXES:
-            raise ValueError(f"--trace {args.trace}: unknown format {suffix or '(none)'!r}; use one of "
-                             f"{', '.join(TRACE_SUFFIXES)}")
+    preflight.run_options(cfg, vars(args), TRACE_SUFFIXES)
+    emit = preflight.stderr("run")
     backend = args.backend
     if backend is None:
         from ..api import default_backend
 
         backend, why = default_backend()
-        print(f"workbench run: backend {backend} ({why}; choose with --backend)", file=sys.stderr)
+        emit(f"backend {backend} ({why}; choose with --backend)")
+    preflight.backend_notices(strategy, backend, vars(args), emit)
     with ProgressBar() as progress:
         result_run = run(cfg, strategy, tokens=args.tokens, backend=backend, start_pos=args.start_pos,
-                         seed=args.seed, trace=bool(args.trace), progress=progress, **backend_options(args, backend))
+                         seed=args.seed, trace=bool(args.trace), progress=progress, max_seconds=args.max_seconds,
+                         notice=emit, **backend_options(args, backend))
     if args.trace:
         write_trace(result_run.trace, args.trace)
     out = result(cfg, strategy, result_run, args)

@@ -8,6 +8,7 @@ import json
 import sys
 import warnings
 
+from .. import preflight
 from .flags import add_model_strategy_args, config_from_args, strategy_from_args
 
 
@@ -16,6 +17,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=2, help="consecutive tokens to unroll (default 2)")
     p.add_argument("--limit", type=int, default=20, help="races printed in full (the rest are summarised)")
     p.add_argument("--json", action="store_true", help="print one JSON object with races and checked_pairs")
+    preflight.add_args(p)
 
 
 def main(args: argparse.Namespace) -> int:
@@ -25,12 +27,14 @@ def main(args: argparse.Namespace) -> int:
 
     cfg = config_from_args(args)
     strategy = strategy_from_args(args, "workbench verify")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always", UnsafeStrategyWarning)
+    est = preflight.verify_checks(cfg, strategy, vars(args), preflight.stderr("verify"))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", UnsafeStrategyWarning)  # the Plan records it: printed below
         plan = plan_for(cfg, strategy)
-    for w in caught:
-        print(f"workbench verify: warning: {w.message}", file=sys.stderr)
-    report = verify(plan, tokens=args.tokens, label=f"{cfg.name} {strategy.label()}")
+    for note in plan.warnings:
+        print(f"workbench verify: warning: {note}", file=sys.stderr)
+    with preflight.progress(est, preflight.stderr("verify")):
+        report = verify(plan, tokens=args.tokens, label=f"{cfg.name} {strategy.label()}")
     try:
         if args.json:
             print(json.dumps({"model": cfg.name, "strategy": strategy.to_dict(), **report.to_dict()}))

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from .. import preflight
 from ..trace import analysis
 from ..trace.io import load_trace
 
@@ -37,13 +38,14 @@ def configure(p: argparse.ArgumentParser) -> None:
 
 def main(args: argparse.Namespace) -> int:
     path = Path(args.trace)
+    out = args.out or (None if args.summary or args.analysis else f"{path.name.split('.')[0]}.html")
+    labels = preflight.view_checks(path, out, vars(args), preflight.stderr("view"))
     trace = load_trace(path)
     if args.summary:
         print(json.dumps(analysis.trace_summary(trace)))
     for name in args.analysis:
         with pd.option_context("display.width", 160, "display.max_columns", 20):
             print(f"# {name}\n{ANALYSES[name](trace).to_string(index=False)}")
-    out = args.out or (None if args.summary or args.analysis else f"{path.name.split('.')[0]}.html")
     if out is None:
         return 0
     from ..view.export import export
@@ -51,11 +53,9 @@ def main(args: argparse.Namespace) -> int:
     if args.compare:
         from ..view.compare import compare
 
-        if Path(out).suffix.lower() == ".json":
-            raise ValueError("--compare draws a figure: write it as .html, .png or .svg, not Perfetto .json")
-        runs = {path.name: trace}
-        for other in args.compare:
-            runs[Path(other).name] = load_trace(other)
+        runs = {labels[0]: trace}
+        for label, other in zip(labels[1:], args.compare):
+            runs[label] = load_trace(other)
         common = sorted(set.intersection(*(set(t.tokens()) for t in runs.values())))
         if not common:
             raise ValueError("the runs share no token to align at: every run needs per-token events")

@@ -68,6 +68,10 @@ class Backend(Protocol):
     def run(self, req: RunRequest) -> Run:
         ...
 
+    # Optional hooks ``workbench.run`` uses when a backend has them:
+    # ``calibration_name(options) -> str``: the simulated GPU (for the memory check);
+    # ``notes(options) -> list[str]``: lines to tell the user before the run (printed once).
+
 
 #: name -> "module:Class"; the classes are imported on first use, so a backend whose
 #: dependencies are missing (CuPy, a llama.cpp build) costs nothing until asked for.

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 
 from .backend import RunRequest
@@ -32,11 +31,7 @@ def resolve_calibration(opts: SimOptions) -> Calibration:
     if gpu is None:
         from .cuda_backend import present_gpu_name
 
-        gpu, why = default_gpu(present_gpu_name())
-        note = f"workbench: simulating with the {gpu} calibration ({why}; choose with --gpu)"
-        if note not in _said:  # once per process, not once per lab toggle
-            _said.add(note)
-            print(note, file=sys.stderr)
+        gpu, _ = default_gpu(present_gpu_name())
     return load_calibration(gpu, opts.host)
 
 
@@ -51,6 +46,23 @@ class SimBackend:
 
     def compute_capability(self, options: SimOptions) -> tuple[int, int] | None:
         return resolve_calibration(options).compute_capability
+
+    def notes(self, options: SimOptions) -> list[str]:
+        """Which calibration a run without ``gpu`` uses, and why (said once per process)."""
+        if options.gpu is not None or options.calibration is not None:
+            return []
+        from .cuda_backend import present_gpu_name
+
+        gpu, why = default_gpu(present_gpu_name())
+        note = f"simulating with the {gpu} calibration ({why}; choose with --gpu)"
+        if note in _said:
+            return []
+        _said.add(note)
+        return [note]
+
+    def calibration_name(self, options: SimOptions) -> str:
+        """The calibration this run simulates (the GPU whose memory the model must fit)."""
+        return resolve_calibration(options).gpu
 
     def run(self, req: RunRequest) -> Run:
         from ..trace.stats import summarize

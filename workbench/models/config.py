@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+from .validate import validate_config
+
 #: Hugging Face ``model_type`` -> workbench family.
 MODEL_TYPES = {
     "llama": "llama",
@@ -30,10 +33,6 @@ GGUF_ARCHS = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gpt-
 KV_PAD = 256
 
 
-class ConfigError(ValueError):
-    """A model configuration the workbench cannot use; the message says what to change."""
-
-
 @dataclass(frozen=True)
 class ModelConfig:
     name: str
@@ -41,6 +40,9 @@ class ModelConfig:
     context: int = 512
     weight_dtype: str = "f16"
     kv_dtype: str = "f16"
+
+    def __post_init__(self) -> None:
+        validate_config(self)  # every way of making a config (preset, config.json, GGUF, with_) passes here
 
     @property
     def model_type(self) -> str:
@@ -114,6 +116,8 @@ def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None,
             raise ConfigError(f"no config.json at {path}") from None
         except json.JSONDecodeError as e:
             raise ConfigError(f"{path} is not valid JSON: {e}") from None
+        if not isinstance(hf, dict):
+            raise ConfigError(f"{path} holds a JSON {type(hf).__name__}; expected an object of config fields")
         name = name or path.parent.name
     if "model_type" not in hf:
         raise ConfigError(f"config {name or '?'} has no 'model_type'; expected one of {sorted(MODEL_TYPES)}")

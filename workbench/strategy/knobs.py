@@ -42,7 +42,7 @@ KNOBS: tuple[Knob, ...] = (
     Knob("streams", "--streams", "choice", STREAM_MODES,
          "single stream, Q/K/V on three streams (PR #16991), or any independent branches (auto)"),
     Knob("max_streams", "--max-streams", "int", (1, 16), "stream limit of --streams auto",
-         ("--streams", lambda s: s.streams == "auto")),
+         ("--streams auto", lambda s: s.streams == "auto")),
     Knob("pdl", "--pdl", "flag", (False, True), "Programmatic Dependent Launch (Hopper+, compute capability 9.0)"),
     Knob("pdl_wait", "--pdl-wait", "choice", PDL_WAITS,
          "where kernels wait for their predecessor (griddepcontrol.wait); late = a deliberate race", _PDL),
@@ -79,16 +79,11 @@ def parse_family_placements(items: Iterable[str]) -> tuple[tuple[str, str, str],
 
 
 def parse_fusions(text: str | Iterable[str] | None) -> frozenset[str]:
-    """``"copy-elim,rms-norm-mul"`` -> frozenset; empty items are an error (``--fusion ,``)."""
+    """``"copy-elim,rms-norm-mul"`` -> frozenset (empty entries dropped; Strategy checks the names)."""
     if text is None:
         return frozenset()
     items = text.split(",") if isinstance(text, str) else list(text)
-    if isinstance(text, str) and not text.strip():
-        return frozenset()
-    names = [i.strip() for i in items]
-    if any(not n for n in names):
-        raise ValueError(f"--fusion {text!r}: an empty name; give comma-separated names from {', '.join(FUSIONS)}")
-    return frozenset(names)
+    return frozenset(i.strip() for i in items if i.strip())
 
 
 def inert_settings(s: Strategy, given: Iterable[str]) -> list[str]:
@@ -97,6 +92,8 @@ def inert_settings(s: Strategy, given: Iterable[str]) -> list[str]:
     notes = []
     for name in given:
         k = KNOB_BY_FIELD[name]
-        if not k.active(s):
-            notes.append(f"{k.flag} has no effect without {k.needs[0]}" if k.needs else "")
-    return [n for n in notes if n]
+        if k.needs is not None and not k.active(s):
+            value = getattr(s, name)
+            shown = ",".join("=".join(x) for x in value) if k.kind == "families" else value
+            notes.append(f"{k.flag} {shown} has no effect without {k.needs[0]}")
+    return notes

@@ -54,9 +54,10 @@ class Strategy:
             _check(f"pdl-wait ({fam})", wait, PDL_WAITS)
             _check(f"pdl-trigger ({fam})", trig, PDL_TRIGGERS)
         if self.max_streams < 1:
-            raise StrategyError(f"max_streams must be >= 1, got {self.max_streams}")
+            raise StrategyError(f"--max-streams {self.max_streams!r} is out of range: must be an integer >= 1")
         if self.streams == "qkv" and self.max_streams < 3:
-            raise StrategyError("streams='qkv' forks Q, K and V onto 3 streams: max_streams must be >= 3")
+            raise StrategyError(f"--max-streams {self.max_streams} is out of range for --streams qkv: it forks Q, K "
+                                "and V onto 3 streams, so it must be >= 3")
 
     def placement(self, family: str) -> tuple[str, str]:
         """PDL (wait, trigger) for a kernel family."""

@@ -48,11 +48,24 @@ def _tid(g: pd.Series) -> np.ndarray:
     return (g.fillna(0).astype(np.int64).to_numpy() & 0xFFFFFF).astype(np.int64)
 
 
+#: Columns the importer reads as text; every other column it reads holds numbers (ids, ns, bytes).
+TEXT_COLUMNS = frozenset({"text", "name", "value"})
+#: Required columns that may not hold NULL (times, stream and row ids the importer converts to
+#: integers); other NULLs are tolerated as nsys writes them (a process without pid, ...).
+NON_NULL_COLUMNS = frozenset({"start", "end", "streamId", "eventType", "id", "cudaId", "gpuId"})
+
+
+def _open_read_only(path: Path) -> sqlite3.Connection:
+    """A read-only connection through a quoted ``file:`` URI: a name with ``?`` or ``#`` cannot
+    turn into URI parameters, and a missing file is an error rather than a new empty database."""
+    return sqlite3.connect(f"{path.resolve().as_uri()}?mode=ro", uri=True)
+
+
 class _Db:
     def __init__(self, path: Path) -> None:
         self.path = path
         try:
-            self.con = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+            self.con = _open_read_only(path)
             names = self.con.execute("SELECT name FROM sqlite_master WHERE type='table'").fetchall()
         except sqlite3.DatabaseError as e:
             raise TraceError(f"{path.name} is not a readable SQLite database ({e}): expected an Nsight Systems "
@@ -70,8 +83,34 @@ class _Db:
         if missing:
             raise TraceError(f"{self.path.name}: table {table} lacks column(s) {missing}; expected the documented "
                              f"nsys export schema with {required}")
-        cols = [c for c in wanted if c in have]
-        return pd.read_sql_query(f"SELECT {', '.join(f'[{c}]' for c in cols)} FROM {table}", self.con)
+        cols = ", ".join(f"[{c}]" for c in wanted if c in have)
+        try:
+            df = pd.read_sql_query(f"SELECT rowid AS _rowid, {cols} FROM [{table}]", self.con)
+        except (sqlite3.DatabaseError, pd.errors.DatabaseError):  # a WITHOUT ROWID table: count rows from 1
+            df = pd.read_sql_query(f"SELECT {cols} FROM [{table}]", self.con)
+            df.insert(0, "_rowid", range(1, len(df) + 1))
+        _check_values(self.path, table, df, required)
+        return df.drop(columns="_rowid")
+
+
+def _check_values(path: Path, table: str, df: pd.DataFrame, required: list[str]) -> None:
+    """Every numeric column holds numbers and the required times and ids are not NULL;
+    otherwise a TraceError naming the table, the column, the row (SQLite rowid) and the value."""
+    for col in df.columns:
+        if col == "_rowid" or col in TEXT_COLUMNS:
+            continue
+        s = df[col]
+        bad = pd.Series(False, index=s.index)
+        if not pd.api.types.is_numeric_dtype(s):  # object or string dtype: some value is not a number
+            bad = s.map(lambda x: not isinstance(x, int | float) or isinstance(x, bool)) & s.notna()
+        if bad.any():
+            i = bad.idxmax()
+            raise TraceError(f"{path.name}: table {table}, column {col}, row {df['_rowid'][i]}: value {s[i]!r} is "
+                             "not a number (the nsys export schema stores integers there)")
+        if col in required and col in NON_NULL_COLUMNS and s.isna().any():
+            i = s.isna().idxmax()
+            raise TraceError(f"{path.name}: table {table}, column {col}, row {df['_rowid'][i]}: value is NULL, "
+                             "but the importer needs it in every row")
 
 
 def read_nsys_sqlite(path: str | Path) -> Trace:
