@@ -146,11 +146,11 @@ def run_reference_plans(cfg: ModelConfig, strategy: Strategy, tokens: list[int],
     from .exec.run import Run
     from .exec.sim import plans_for_steps
     from .models import build_graph
-    from .models.weights import random_weights
+    from .models.weights import model_weights
     from .trace import COLUMNS, Trace
 
     plans = plans_for_steps(cfg, strategy, len(tokens), start_pos)
-    weights = random_weights(build_graph(cfg), seed)
+    weights = model_weights(cfg, build_graph(cfg), seed)  # the checkpoint's safetensors, else random
     ref = run_reference(cfg, weights, tokens, start_pos=start_pos,
                         graph_for=lambda pos: plans[pos - start_pos].graph)
     stats = {"tokens": len(tokens), "memory_bytes": max(p.memory_bytes for p in plans),

@@ -34,7 +34,7 @@ import pandas as pd
 from ..graph import View
 from ..models import ModelConfig, build_graph
 from ..models.blocks import step_input_values
-from ..models.weights import device_weight, random_weights, to_storage
+from ..models.weights import device_weight, model_weights, to_storage
 from ..strategy import HostOp, Plan, Strategy
 from ..strategy.compile import compile_plan
 from ..strategy.host import kernel_launches
@@ -90,7 +90,8 @@ class CudaExecutor:
 
     def __init__(self, cfg: ModelConfig, strategy: Strategy, weights: dict[str, np.ndarray] | str | None = None,
                  seed: int = 0, kernels: str = "cupy", share: CudaExecutor | None = None) -> None:
-        """``weights``: HF-named storage arrays, None for ``random_weights(seed)`` (the reference's),
+        """``weights``: HF-named storage arrays, None for ``model_weights(cfg, seed)`` (the reference's:
+        the checkpoint's safetensors for a config read from its folder, else random),
         or ``"device"`` for the same distributions drawn on the GPU (large models in seconds);
         ``share``: an executor of the same model whose device weights this one reuses (its caches
         are zeroed here: run one executor at a time)."""
@@ -171,7 +172,7 @@ class CudaExecutor:
 
             fill_random(cp, g, self.persistent, seed)
         else:
-            weights = weights if weights is not None else random_weights(g, seed)
+            weights = weights if weights is not None else model_weights(self.cfg, g, seed)
             for name, view in g.weights.items():
                 if name not in weights:
                     raise KeyError(f"no weight {name!r} supplied")
@@ -445,7 +446,7 @@ def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] =
              graph_trace: str = "node", node_tokens: Iterable[int] = ()) -> Run:
     """Decode ``tokens`` (a count of seeded random ids, or the ids) one step at a time on the GPU.
 
-    ``weights``: HF-named storage arrays (default: ``random_weights`` of the model with ``seed``,
+    ``weights``: HF-named storage arrays (default: ``model_weights``: the checkpoint's, else random with ``seed``,
     the same the reference and ``workbench run`` use); ``kernels``: ``cupy`` (CUDA C through
     NVRTC) or ``numba`` (Numba kernels for the elementwise and normalisation ops); ``trace``:
     record a CUPTI timeline (``workbench.trace.cupti``; coarse CUDA-event spans without

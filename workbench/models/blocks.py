@@ -10,6 +10,7 @@ import numpy as np
 
 from ..graph import GraphBuilder, View
 from .config import ModelConfig
+from .hf_keys import sliding_layers, sliding_window
 from .rope import rope_params, rotary_dims
 
 
@@ -31,17 +32,26 @@ def linear(b: GraphBuilder, x: View, w: View, name: str, bias: View | None = Non
 class StepInputs:
     """The host-side inputs of one decode step and the graph's views for them."""
 
-    def __init__(self, b: GraphBuilder, cfg: ModelConfig, n_kv: int, swa: bool = False) -> None:
+    def __init__(self, b: GraphBuilder, cfg: ModelConfig, n_kv: int) -> None:
         self.tokens = b.input("inp_tokens", (1,), "i32")
         self.pos = b.input("inp_pos", (1,), "i32")
         self.kv_idx = b.input("inp_kv_idx", (1,), "i64")
         self.mask = b.input("kq_mask", (n_kv,), "f32")
-        self.mask_swa = b.input("kq_mask_swa", (n_kv,), "f32") if swa else None
+        #: per layer: attends through the sliding-window mask (llama.cpp's ``kq_mask_swa``)
+        self.sliding = sliding_layers(cfg.hf)
+        self.mask_swa = b.input("kq_mask_swa", (n_kv,), "f32") if any(self.sliding) else None
+        if self.mask_swa is not None:
+            b.meta["sliding_window"] = sliding_window(cfg.hf)
         inv_freq, attn_factor = rope_params(cfg)
         self.rope_freqs = b.const("rope_freqs", inv_freq.shape, "f32")
         b.meta["consts"] = {"rope_freqs": inv_freq}
         self.rope_attn_factor = attn_factor
         self.n_rot = rotary_dims(cfg)
+
+
+    def mask_for(self, il: int) -> View:
+        """The KQ mask layer ``il`` attends through."""
+        return self.mask_swa if self.sliding[il] else self.mask
 
 
 def step_input_values(graph, token: int, pos: int) -> dict[str, np.ndarray]:
@@ -89,11 +99,26 @@ def attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, q: Vi
 
 
 def swiglu_ffn(b: GraphBuilder, x: View, prefix: str, il: int, sfx: str = "") -> View:
-    """llama's FFN: ``down(silu(gate(x)) * up(x))`` with HF tensor names under ``prefix``."""
-    gate = linear(b, x, b.weights[f"{prefix}.gate_proj.weight"], f"ffn_gate{sfx}-{il}")
-    up = linear(b, x, b.weights[f"{prefix}.up_proj.weight"], f"ffn_up{sfx}-{il}")
+    """llama's FFN: ``down(silu(gate(x)) * up(x))`` with HF tensor names under ``prefix``
+    (each projection's ``.bias`` added where the builder declared one: llama's ``mlp_bias``)."""
+    def proj(name: str) -> tuple[View, View | None]:
+        return b.weights[f"{prefix}.{name}.weight"], b.weights.get(f"{prefix}.{name}.bias")
+
+    gate = linear(b, x, proj("gate_proj")[0], f"ffn_gate{sfx}-{il}", proj("gate_proj")[1])
+    up = linear(b, x, proj("up_proj")[0], f"ffn_up{sfx}-{il}", proj("up_proj")[1])
     act = b.op("GLU", f"ffn_swiglu{sfx}-{il}", [gate, up], gate.shape, glu="swiglu")
-    return linear(b, act, b.weights[f"{prefix}.down_proj.weight"], f"ffn_out{sfx}-{il}")
+    return linear(b, act, proj("down_proj")[0], f"ffn_out{sfx}-{il}", proj("down_proj")[1])
+
+
+def dense_ffn(b: GraphBuilder, cfg: ModelConfig, il: int, x: View, ff: int, prefix: str | None = None,
+              sfx: str = "", bias: bool = False) -> View:
+    """Declare a SwiGLU FFN's weights ([ff, d], [ff, d], [d, ff], + biases) and build it."""
+    d, pre = cfg.get("hidden_size"), prefix or f"model.layers.{il}.mlp"
+    for proj, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
+        b.weight(f"{pre}.{proj}.weight", shape, cfg.weight_dtype)
+        if bias:
+            b.weight(f"{pre}.{proj}.bias", shape[:1], "f32")
+    return swiglu_ffn(b, x, pre, il, sfx)
 
 
 def lm_head(b: GraphBuilder, cfg: ModelConfig, x: View) -> View:
@@ -138,7 +163,7 @@ def self_attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, 
         q = rms_norm(b, q, b.weight(f"{pre}.q_norm.weight", (hd,), "f32"), eps, f"Qcur_normed-{il}")
         k = rms_norm(b, k, b.weight(f"{pre}.k_norm.weight", (hd,), "f32"), eps, f"Kcur_normed-{il}")
     sink = b.weight(f"{pre}.sinks", (n_head,), "f32") if sinks else None
-    att = attention(b, cfg, inp, il, q, k, v, n_kv, mask if mask is not None else inp.mask, sink)
+    att = attention(b, cfg, inp, il, q, k, v, n_kv, mask if mask is not None else inp.mask_for(il), sink)
     wo, bo = proj("o_proj", d)
     return linear(b, att, wo, f"attn_out-{il}", bo)
 

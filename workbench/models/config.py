@@ -41,6 +41,11 @@ class ModelConfig:
     context: int = 512
     weight_dtype: str = "f16"
     kv_dtype: str = "f16"
+    #: ggml's ``rope_freqs`` tensor (a Llama-3 GGUF's rope scaling): per rotated pair, the
+    #: divisor of the base frequency; None: the frequencies follow ``rope_scaling``.
+    rope_freq_factors: tuple[float, ...] | None = None
+    #: the folder the config was read from (its safetensors are the weights), if any.
+    source: str | None = None
 
     @property
     def model_type(self) -> str:
@@ -120,7 +125,11 @@ def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None,
     if hf.get("model_type") not in MODEL_TYPES:
         raise ConfigError(f"model_type {hf['model_type']!r} is not supported; supported: {sorted(MODEL_TYPES)}")
     hf.pop("architectures", None)
-    cfg = ModelConfig(name or hf["model_type"], hf)
+    from .hf_keys import canonical
+
+    name = name or hf["model_type"]
+    source = None if isinstance(source, dict) else str(path.parent)
+    cfg = ModelConfig(name, canonical(hf, name), source=source)
     return cfg.with_(**runtime) if runtime else cfg
 
 
@@ -132,7 +141,7 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     what it leaves implicit is filled the way llama.cpp's loader does (gpt-oss: every other
     layer sliding-window, YaRN rope; qwen3moe: renormalised top-k; a missing ``output.weight``
     means tied embeddings). Llama-3 GGUFs carry their rope scaling as a ``rope_freqs`` tensor
-    rather than metadata, so their config uses plain RoPE (shapes and costs are unaffected).
+    rather than metadata: its values become ``ModelConfig.rope_freq_factors``.
     """
     import gguf
     import numpy as np
@@ -230,6 +239,12 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
         hf["linear_value_head_dim"] = int(value(p + "ssm.inner_size")) // hf["linear_num_value_heads"]
         hf["shared_expert_intermediate_size"] = int(value(p + "expert_shared_feed_forward_length"))
         hf["full_attention_interval"] = int(value(p + "full_attention_interval", 4))
+    factors = None
+    if "rope_freqs.weight" in tensor_names:  # Llama-3: rope scaling baked into per-pair divisors
+        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        factors = tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))
     name = str(value("general.name", path.stem))
-    cfg = ModelConfig(name, hf)
+    from .hf_keys import canonical
+
+    cfg = ModelConfig(name, canonical(hf, name), rope_freq_factors=factors)
     return cfg.with_(**runtime) if runtime else cfg

@@ -6,7 +6,6 @@ published parameter counts are kept beside them so a test can check the graph ag
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from .config import ConfigError, ModelConfig
@@ -117,7 +116,9 @@ def preset(name: str, *, layers: int | None = None, context: int | None = None,
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)} "
                           "(or pass a config.json / .gguf path)")
-    cfg = ModelConfig(name, copy.deepcopy(PRESETS[name]))  # callers (transformers) may mutate nested dicts
+    from .hf_keys import canonical
+
+    cfg = ModelConfig(name, canonical(PRESETS[name], name))  # a copy: callers (transformers) may mutate it
     return cfg.with_(layers=layers, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
 
 

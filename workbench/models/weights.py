@@ -101,31 +101,31 @@ def _stable_hash(s: str) -> int:
 
 
 def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict[str, np.ndarray]:
-    """Weights for ``graph`` from safetensors files with Hugging Face names, cast to the graph's
+    """Weights for ``graph`` from safetensors files with Hugging Face names (any float dtype,
+    per-expert or fused MoE layout: :mod:`workbench.models.checkpoint`), cast to the graph's
     storage dtypes. A missing or mis-shaped tensor is a clear error naming it and both shapes."""
-    from safetensors import safe_open
+    from .checkpoint import load
 
     files = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     files = [f for p in files for f in (sorted(p.glob("*.safetensors")) if p.is_dir() else [p])]
     if not files:
         raise ConfigError(f"no .safetensors files found in {paths}")
-    found: dict[str, np.ndarray] = {}
-    for f in files:
-        with safe_open(str(f), framework="numpy") as fh:
-            for key in fh.keys():
-                if key in graph.weights:
-                    found[key] = fh.get_tensor(key)
-    out: dict[str, np.ndarray] = {}
-    for name, view in graph.weights.items():
-        if name not in found:
-            raise ConfigError(f"safetensors {', '.join(map(str, files))}: tensor {name!r} is missing "
-                              f"(expected shape {list(view.shape)})")
-        arr = found[name]
-        if tuple(arr.shape) != tuple(view.shape):
-            raise ConfigError(f"safetensors tensor {name!r} has shape {list(arr.shape)}, "
-                              f"the graph expects {list(view.shape)}")
-        out[name] = to_storage(arr.astype(np.float32), view.dtype)
-    return out
+    cfg = graph.meta.get("config")
+    quant = cfg.hf.get("quantization_config") if cfg is not None else None
+    if quant:
+        raise ConfigError(f"{cfg.name}: the checkpoint is quantized (quantization_config, quant_method="
+                          f"{quant.get('quant_method', '?')!r}); its safetensors are not read: use a "
+                          "dequantized checkpoint or the GGUF")
+    found = load({name: view.shape for name, view in graph.weights.items()}, files)
+    return {name: to_storage(found[name], view.dtype) for name, view in graph.weights.items()}
+
+
+def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """The weights a run of ``cfg`` uses: the safetensors beside its config.json when it was
+    read from a folder that has them, else ``random_weights(graph, seed)``."""
+    if cfg.source is not None and any(Path(cfg.source).glob("*.safetensors")):
+        return load_safetensors(graph, Path(cfg.source))
+    return random_weights(graph, seed)
 
 
 def save_safetensors(weights: dict[str, np.ndarray], graph: Graph, path: str | Path) -> None:
