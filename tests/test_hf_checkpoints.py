@@ -60,10 +60,36 @@ def test_fused_expert_layout_loads_the_same(saved, tmp_path, name):
 
 
 def test_bf16_checkpoint_loads(tmp_path):
-    """Most checkpoints on the Hub are bf16: the weights widen to f32 bit-exactly."""
+    """Most checkpoints on the Hub are bf16: the weights widen to f32 bit-exactly, or stay bf16
+    (storage) with the same values; into f16 the narrowing is stated."""
+    from workbench.exec.reference import run_reference
+    from workbench.models import build_graph
+    from workbench.models.weights import model_weights
+
     folder = save_checkpoint("llama-attention-bias", tmp_path / "bf16", dtype="bfloat16")
     assert '"BF16"' in (folder / "model.safetensors").read_bytes()[:4096].decode("latin1")
-    assert max_rel_err(workbench_logits(folder), hf_logits(folder)) <= TOL
+    theirs = hf_logits(folder)
+    assert max_rel_err(workbench_logits(folder), theirs) <= TOL
+    cfg = load_config(str(folder), context=32, weight_dtype="bf16", kv_dtype="f32")
+    weights = model_weights(cfg, build_graph(cfg))
+    assert weights["model.layers.0.self_attn.q_proj.weight"].dtype == np.uint16  # bf16 bits, kept
+    assert max_rel_err(run_reference(cfg, weights, TOKENS).logits, theirs) <= TOL
+    with pytest.warns(UserWarning, match="bf16 checkpoint weights stored as f16"):
+        model_weights(cfg.with_(weight_dtype="f16"), build_graph(cfg.with_(weight_dtype="f16")))
+
+
+def test_weight_beyond_f16_range_is_refused(tmp_path):
+    from safetensors.numpy import save_file
+
+    from workbench.models import build_graph, preset
+    from workbench.models.weights import load_safetensors
+
+    graph = build_graph(preset("llama-tiny", context=16))
+    tensors = {k: np.full(v.shape, 0.5, np.float32) for k, v in graph.weights.items()}
+    tensors["model.layers.1.mlp.up_proj.weight"][0, 0] = 1e5
+    save_file(tensors, str(tmp_path / "m.safetensors"))
+    with pytest.raises(ConfigError, match="'model.layers.1.mlp.up_proj.weight' holds values beyond f16"):
+        load_safetensors(graph, tmp_path)
 
 
 def test_saved_config_reads_transformers5_keys(saved):

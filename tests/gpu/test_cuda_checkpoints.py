@@ -1,7 +1,8 @@
 """Checkpoints saved by transformers and loaded by path on the ``cuda`` backend: the fields the
 tiny presets do not exercise (llama's attention and MLP biases, Qwen3's sliding-window layers
-through ``kq_mask_swa``, Qwen3-Next's attention biases, gpt-oss's window of 5) match the
-reference executor over more steps than the window, eager and under every optimization."""
+through ``kq_mask_swa``, Qwen3-Next's attention biases, gpt-oss's window of 5) and bf16 weights
+kept bf16 match the reference executor over more steps than the window, eager and under every
+optimization."""
 
 from __future__ import annotations
 
@@ -31,3 +32,16 @@ def test_saved_checkpoint_on_cuda(tmp_path, name, strategy):
     run = run_cuda(cfg, strategy, tokens=TOKENS)  # weights: the folder's safetensors
     err = rel_err(run.logits, ref)
     assert err <= TOL, f"{name} {strategy.label()}: {err:.2e}"
+
+
+def test_bf16_checkpoint_kept_bf16_on_cuda(tmp_path):
+    """A bf16 checkpoint with weight_dtype bf16: the MUL_MAT kernels read the bf16 bits as saved."""
+    from hf_checkpoints import TOKENS, save_checkpoint
+
+    folder = save_checkpoint("qwen3-sliding", tmp_path / "bf16", dtype="bfloat16")
+    cfg = load_config(str(folder), context=32, weight_dtype="bf16")
+    weights = model_weights(cfg, build_graph(cfg))
+    ref = run_reference(cfg, weights, TOKENS).logits
+    for strategy in (Strategy(), ALL_ON):
+        err = rel_err(run_cuda(cfg, strategy, tokens=TOKENS, weights=weights).logits, ref)
+        assert err <= TOL, f"bf16 {strategy.label()}: {err:.2e}"

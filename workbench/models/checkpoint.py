@@ -106,8 +106,9 @@ def _per_expert(name: str, entries: dict[str, Entry]) -> np.ndarray | None:
     return np.stack([np.concatenate([get(e, "gate_proj"), get(e, "up_proj")], axis=0) for e in range(n_exp)])
 
 
-def load(names: dict[str, tuple[int, ...]], files: list[Path]) -> dict[str, np.ndarray]:
-    """float32 arrays for every ``name -> shape`` wanted, from the files of a checkpoint."""
+def load(names: dict[str, tuple[int, ...]], files: list[Path]) -> tuple[dict[str, np.ndarray], set[str]]:
+    """float32 arrays for every ``name -> shape`` wanted, from the files of a checkpoint, and
+    the safetensors dtypes they were stored in."""
     entries = index(files)
     where = ", ".join(map(str, files))
     out: dict[str, np.ndarray] = {}
@@ -122,4 +123,4 @@ def load(names: dict[str, tuple[int, ...]], files: list[Path]) -> dict[str, np.n
             raise ConfigError(f"safetensors tensor {name!r} has shape {list(arr.shape)}, the graph expects "
                               f"{list(shape)}")
         out[name] = arr
-    return out
+    return out, {e.dtype for e in entries.values()}

@@ -6,12 +6,16 @@ uint16), so the same dict feeds the reference, the GPU executor and a ``transfor
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ..graph import Graph, View
 from .config import ConfigError
+
+#: The largest finite f16 value: a checkpoint weight beyond it would become inf in f16 storage.
+F16_MAX = 65504.0
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -116,8 +120,21 @@ def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict
         raise ConfigError(f"{cfg.name}: the checkpoint is quantized (quantization_config, quant_method="
                           f"{quant.get('quant_method', '?')!r}); its safetensors are not read: use a "
                           "dequantized checkpoint or the GGUF")
-    found = load({name: view.shape for name, view in graph.weights.items()}, files)
-    return {name: to_storage(found[name], view.dtype) for name, view in graph.weights.items()}
+    found, stored = load({name: view.shape for name, view in graph.weights.items()}, files)
+    out = {}
+    for name, view in graph.weights.items():
+        if view.dtype == "f16" and np.abs(found[name]).max(initial=0.0) > F16_MAX:
+            raise ConfigError(f"safetensors tensor {name!r} holds values beyond f16's range (max |w| = "
+                              f"{np.abs(found[name]).max():.3g}); keep the weights bf16 or f32 "
+                              "(weight_dtype='bf16')")
+        out[name] = to_storage(found[name], view.dtype)
+    narrowed = sorted(d for d in stored if d in ("BF16", "F32", "F64"))
+    kept = {graph.weights[n].dtype for n in out} - {"f32"}
+    if narrowed and kept and cfg is not None:
+        warnings.warn(f"{cfg.name}: {'/'.join(narrowed).lower()} checkpoint weights stored as "
+                      f"{'/'.join(sorted(kept))} (weight_dtype={cfg.weight_dtype!r}; pass weight_dtype='bf16' "
+                      "or 'f32' to keep more)", stacklevel=2)
+    return out
 
 
 def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
