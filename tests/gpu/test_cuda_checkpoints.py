@@ -45,3 +45,22 @@ def test_bf16_checkpoint_kept_bf16_on_cuda(tmp_path):
     for strategy in (Strategy(), ALL_ON):
         err = rel_err(run_cuda(cfg, strategy, tokens=TOKENS, weights=weights).logits, ref)
         assert err <= TOL, f"bf16 {strategy.label()}: {err:.2e}"
+
+
+@pytest.mark.parametrize("strategy", [Strategy(), ALL_ON], ids=["default", "all-on"])
+def test_iswa_ring_wraps_on_cuda(strategy):
+    """gpt-oss with llama.cpp's iSWA ring (256 rows: window 4, n_ubatch 1) decoded past the
+    wrap: the ring index and the ring mask reach the cuda kernels as inputs."""
+    import numpy as np
+
+    from workbench.models import preset
+    from workbench.models.blocks import swa_cache_rows
+    from workbench.models.weights import random_weights
+
+    cfg = preset("gpt-oss-tiny", context=512).with_(n_ubatch=1)
+    assert swa_cache_rows(cfg) == 256
+    tokens = [int(t) for t in np.random.default_rng(0).integers(0, 256, 262)]
+    weights = random_weights(build_graph(cfg))
+    ref = run_reference(cfg, weights, tokens).logits
+    err = rel_err(run_cuda(cfg, strategy, tokens=tokens, weights=weights).logits, ref)
+    assert err <= TOL, f"iSWA ring {strategy.label()}: {err:.2e}"

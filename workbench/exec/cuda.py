@@ -120,7 +120,10 @@ class CudaExecutor:
         self.times = StepTimes()
         self.captures = 0
         if share is not None:
-            if share.cfg.name != cfg.name or share.cfg.hf != cfg.hf or share.cfg.context != cfg.context:
+            def key(c: ModelConfig) -> tuple:
+                return c.name, c.context, c.swa_full, c.n_ubatch  # cache shapes follow these too
+
+            if key(share.cfg) != key(cfg) or share.cfg.hf != cfg.hf:
                 raise ValueError(f"cannot share device weights of {share.cfg.name} with {cfg.name}")
             self.full = share.full
             self._persistent_mem, self.persistent, self.persistent_bytes = \

@@ -46,6 +46,11 @@ class ModelConfig:
     rope_freq_factors: tuple[float, ...] | None = None
     #: the folder the config was read from (its safetensors are the weights), if any.
     source: str | None = None
+    #: llama.cpp's ``--swa-full``: sliding-window layers keep a full-context KV cache instead
+    #: of the iSWA ring of ``window + n_ubatch`` rows (padded to 256) llama.cpp keeps by default.
+    swa_full: bool = False
+    #: llama.cpp's ``-ub`` (micro-batch), which sizes the iSWA ring.
+    n_ubatch: int = 512
 
     @property
     def model_type(self) -> str:
@@ -82,8 +87,9 @@ class ModelConfig:
         return min(self.context, -(-(pos + 1) // KV_PAD) * KV_PAD)
 
     def with_(self, *, layers: int | None = None, context: int | None = None,
-              weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelConfig:
-        """A copy with run-time overrides (``--layers``, ``--context``)."""
+              weight_dtype: str | None = None, kv_dtype: str | None = None,
+              swa_full: bool | None = None, n_ubatch: int | None = None) -> ModelConfig:
+        """A copy with run-time overrides (``--layers``, ``--context``, ``--swa-full``, ``-ub``)."""
         hf = copy.deepcopy(self.hf)
         if layers is not None:
             if layers < 1:
@@ -102,6 +108,12 @@ class ModelConfig:
             new = replace(new, weight_dtype=weight_dtype)
         if kv_dtype is not None:
             new = replace(new, kv_dtype=kv_dtype)
+        if swa_full is not None:
+            new = replace(new, swa_full=bool(swa_full))
+        if n_ubatch is not None:
+            if n_ubatch < 1:
+                raise ConfigError(f"n_ubatch must be >= 1, got {n_ubatch}")
+            new = replace(new, n_ubatch=int(n_ubatch))
         return new
 
 
