@@ -106,6 +106,8 @@ def test_saved_config_reads_transformers5_keys(saved):
     ({"rope_parameters": {"rope_type": "longrope", "rope_theta": 1e4, "short_factor": [1.0] * 8,
                           "long_factor": [1.0] * 8, "original_max_position_embeddings": 64}}, "rope_type"),
     ({"hidden_act": "gelu"}, "hidden_act"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "default", "rope_theta": 1e4},
+                          "sliding_attention": {"rope_type": "default", "rope_theta": 1e6}}}, "rope_parameters"),
     ({"rope_scaling": {"rope_type": "linear", "factor": 2.0}}, "rope_scaling"),  # beside rope_parameters
     ({"num_experts": 5}, "num_local_experts"),  # both names, different counts
     ({"layer_types": ["full_attention", "chunked_attention"]}, "layer_types"),

@@ -41,7 +41,8 @@ HF_DEFAULTS: dict[str, dict[str, Any]] = {
                        mlp_only_layers=[], tie_word_embeddings=False, hidden_act="silu"),
 }
 
-#: Expert-count field names: transformers 5 reads ``num_local_experts`` for both MoE families.
+#: The expert-count name each family's builder reads; the other spelling is accepted too
+#: (transformers 5 writes Qwen3-MoE's as ``num_local_experts``, older configs ``num_experts``).
 _EXPERT_COUNT = {"qwen3_moe": "num_experts", "qwen3_next": "num_experts", "gpt_oss": "num_local_experts"}
 
 
