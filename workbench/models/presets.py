@@ -111,15 +111,17 @@ TINY_PRESETS = ("llama-tiny", "qwen3-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "q
 
 
 def preset(name: str, *, layers: int | None = None, context: int | None = None,
-           weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelConfig:
-    """A preset by name with optional ``--layers`` / ``--context`` overrides."""
+           weight_dtype: str | None = None, kv_dtype: str | None = None, swa_full: bool | None = None,
+           n_ubatch: int | None = None) -> ModelConfig:
+    """A preset by name with optional ``--layers`` / ``--context`` (etc.) overrides."""
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)} "
                           "(or pass a config.json / .gguf path)")
     from .hf_keys import canonical
 
     cfg = ModelConfig(name, canonical(PRESETS[name], name))  # a copy: callers (transformers) may mutate it
-    return cfg.with_(layers=layers, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    return cfg.with_(layers=layers, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                     swa_full=swa_full, n_ubatch=n_ubatch)
 
 
 def load_config(spec: str, **overrides) -> ModelConfig:
