@@ -1,4 +1,4 @@
-"""Footprint of each allocator for every preset, beside the verifier's verdict (issue 7 §3):
+"""Footprint of each allocator for every preset, beside the verifier's verdict:
 ``stream-aware`` must make ``qkv`` and ``auto`` streams race-free while still reusing memory.
 
     python benchmarks/allocator_footprints.py [--out data/bench/allocator_footprints]

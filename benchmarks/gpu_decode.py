@@ -1,4 +1,4 @@
-"""GPU decode benchmark of the cuda backend (issue 4), one run, results to data/bench/.
+"""GPU decode benchmark of the cuda backend, one run, results to data/bench/.
 
 1. ``llama-3.2-1b`` f16, all layers, context 512 (steps 448..511 attend over 512 KV rows): time
    per token of each strategy against the bandwidth floor = bytes the step must read (weights
@@ -33,6 +33,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.exec.device import device_info as gpu_info  # noqa: E402
 from workbench.exec.kernels import graph_replay_seconds  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
@@ -40,11 +41,11 @@ from workbench.strategy import Strategy  # noqa: E402
 #: seeds' reported token-generation gains (DESIGN.md)
 SEED_RANGES = {
     "graphs": "(llama.cpp's CUDA graphs; no seed number)",
-    "pdl": "4-13 % (seed 003)",
-    "qkv": "1-9 % (seed 001)",
-    "implicit": "1-2 % Linux, up to 8-9 % Windows (seed 000)",
-    "boundary": "part of seed 000's 1-2 %",
-    "copy-elim": "3-4 % (seed 002)",
+    "pdl": "4-13 % (llama.cpp's PDL change (b9254))",
+    "qkv": "1-9 % (PR #16991)",
+    "implicit": "1-2 % Linux, up to 8-9 % Windows (llama.cpp PR #17795)",
+    "boundary": "part of PR #17795's 1-2 %",
+    "copy-elim": "3-4 % (PR #23940)",
     "rms-norm-mul": "(ggml's classic fusion; no seed number)",
 }
 FUSED = frozenset({"copy-elim", "rms-norm-mul"})
@@ -77,11 +78,11 @@ def device_info(cp) -> dict:
         out["nvidia_smi"] = q
     except Exception as e:  # pragma: no cover - informational
         out["nvidia_smi"] = f"unavailable: {e}"
-    props = cp.cuda.runtime.getDeviceProperties(0)
-    out["gpu"] = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-    out["sms"] = int(props["multiProcessorCount"])
-    out["cuda_driver"] = cp.cuda.runtime.driverGetVersion()
-    out["cuda_runtime"] = cp.cuda.runtime.runtimeGetVersion()
+    info = gpu_info(0)
+    out["gpu"] = info.name
+    out["sms"] = info.sm_count
+    out["cuda_driver"] = info.driver_version
+    out["cuda_runtime"] = info.runtime_version
     for mod in ("cupy", "numba", "numba_cuda", "cuda.bindings", "torch", "numpy"):
         try:
             m = __import__(mod, fromlist=["x"])

@@ -49,8 +49,8 @@ def main(argv=None) -> int:
     import cupy as cp
     from gpu_decode import device_info, time_strategy
 
+    import workbench
     from workbench.exec.cuda import CudaExecutor
-    from workbench.exec.sim import run_sim
 
     out = Path(args.out or Path(os.environ.get("OUT", ".")) / "iswa_gpt_oss.json")
     start = args.context - args.tokens
@@ -62,8 +62,8 @@ def main(argv=None) -> int:
         base = CudaExecutor(cfg, Strategy(), weights="device")
         for label, strategy in (("eager", Strategy()), ("all-on", ALL_ON)):
             row = time_strategy(cfg, strategy, base, args.tokens, args.runs, start)
-            sim = run_sim(cfg, strategy, args.tokens, start_pos=start, gpu="h200" if "H200" in
-                          result["device"]["gpu"] else "h100")
+            sim = workbench.run(cfg, strategy, tokens=args.tokens, start_pos=start, backend="sim", quiet=True,
+                                gpu="h200" if "H200" in result["device"]["gpu"] else "h100")
             row.update(cache=mode, cell=label, sim_us_per_token=sim.stats["us_per_token"],
                        sliding_bytes_per_token=sliding_bytes(cfg, cfg.kv_len(start)))
             result["cells"].append(row)

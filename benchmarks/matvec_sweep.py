@@ -17,6 +17,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.exec.device import device_info  # noqa: E402
 from workbench.exec.kernels import (  # noqa: E402
     Arg,
     LaunchHandle,
@@ -35,7 +36,7 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
     import cupy as cp
 
-    cc = tuple(int(c) for c in cp.cuda.Device().compute_capability)
+    cc = device_info().compute_capability
     mods = {u: cp.RawModule(code=kernel_source("mul_mat"),
                             options=compile_options("none", "none", cc) + (f"-DMMV_UNROLL={u}",))
             for u in (2, 4, 8)}

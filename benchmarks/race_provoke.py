@@ -1,4 +1,4 @@
-"""Try to provoke, on the ``cuda`` backend, every kind of race the verifier reports (issue 7 §4).
+"""Try to provoke, on the ``cuda`` backend, every kind of race the verifier reports.
 
 For each seeded bug of ``workbench.verify.seeded`` that runs on a model (the hand-built ones
 have no model weights and are listed as not attempted), on a model large enough for the racing
@@ -94,7 +94,8 @@ def rel_errors(logits: np.ndarray, ref: np.ndarray) -> np.ndarray:
 
 def run_on_gpu(cfg, strategy: Strategy, bug: SeededBug | None, ids: list[int], weights, ref: np.ndarray,
                repeats: int, tol: float, start_pos: int = 0) -> dict:
-    from workbench.exec.cuda import CudaExecutor, run_cuda
+    import workbench
+    from workbench.exec.cuda import CudaExecutor
 
     out = {"strategy": strategy.label(), "runs": 0, "mismatching_runs": 0, "mismatching_tokens": 0,
            "max_rel_error": 0.0, "errors_per_run": []}
@@ -104,7 +105,7 @@ def run_on_gpu(cfg, strategy: Strategy, bug: SeededBug | None, ids: list[int], w
             ex = CudaExecutor(cfg, strategy, weights)
             for _ in range(repeats):
                 ex.reset()  # a fresh sequence: recurrent (GDN) states would otherwise carry over between runs
-                run = run_cuda(cfg, strategy, ids, executor=ex, start_pos=start_pos)
+                run = workbench.run(cfg, strategy, tokens=ids, backend="cuda", executor=ex, start_pos=start_pos)
                 err = rel_errors(run.logits, ref)
                 bad = int((err > tol).sum() + (~np.isfinite(err)).sum())
                 out["runs"] += 1

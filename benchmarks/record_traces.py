@@ -23,7 +23,7 @@ import json
 import sys
 from pathlib import Path
 
-from workbench.exec.calibrate import ModelSpec
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 RECIPES: dict[str, tuple[ModelSpec, Strategy, int]] = {
@@ -37,13 +37,14 @@ RECIPES: dict[str, tuple[ModelSpec, Strategy, int]] = {
                                                                             sync="implicit", allocator="stream-aware"),
                                         6),
 }
-#: run_cuda tracing options of a recipe (default: every token kernel by kernel)
-TRACE_OPTIONS: dict[str, dict] = {"llama-3.2-1b_all-on_graph-level": {"graph_trace": "graph", "node_tokens": (4, 5)}}
+#: cuda backend tracing options of a recipe (default: every token kernel by kernel)
+TRACE_OPTIONS: dict[str, dict] = {"llama-3.2-1b_all-on_graph-level": {"node_tokens": 2}}
 
 
 def record(out_dir: Path, seed: int = 0, only: set[str] | None = None) -> list[Path]:
-    from workbench.exec.calibrate import environment
-    from workbench.exec.cuda import CudaExecutor, run_cuda
+    import workbench
+    from workbench.exec.calibrate.environment import environment
+    from workbench.exec.cuda import CudaExecutor
     from workbench.trace.perfetto import to_perfetto
 
     env = environment()
@@ -54,8 +55,9 @@ def record(out_dir: Path, seed: int = 0, only: set[str] | None = None) -> list[P
             continue
         cfg = spec.config()
         ex = CudaExecutor(cfg, st, "device", seed)
-        run_cuda(cfg, st, 2, seed=seed, executor=ex)  # compile and capture before the traced run
-        run = run_cuda(cfg, st, tokens, seed=seed, executor=ex, trace=True, **TRACE_OPTIONS.get(name, {}))
+        workbench.run(cfg, st, tokens=2, backend="cuda", seed=seed, executor=ex)  # compile, capture before tracing
+        run = workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, executor=ex, trace=True,
+                            **{"node_tokens": None, **TRACE_OPTIONS.get(name, {})})
         tr = run.trace
         tr.meta.update(recipe=name, tokens=tokens, strategy_knobs=st.to_dict(), gpu_name=env["gpu_name"],
                        driver=env.get("driver_version", ""), cuda_runtime=env.get("cuda_runtime", ""),

@@ -26,7 +26,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.exec.calibrate import ModelSpec
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +72,9 @@ KNOBS: dict[str, tuple[str, str]] = {
 # measure (GPU)
 # ------------------------------------------------------------------------------------------
 def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str, Any]:
-    from workbench.exec.calibrate import environment
-    from workbench.exec.cuda import CudaExecutor, run_cuda
+    import workbench
+    from workbench.exec.calibrate.environment import environment
+    from workbench.exec.cuda import CudaExecutor
 
     env = environment()
     rows = []
@@ -86,9 +87,10 @@ def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str
             cfg = spec.config()
             ex = CudaExecutor(cfg, st, "device", seed, share=first)
             first = first or ex
-            run_cuda(cfg, st, 4, seed=seed, start_pos=spec.pos, executor=ex)  # warm-up: compile, capture
-            us = [run_cuda(cfg, st, tokens, seed=seed, start_pos=spec.pos, executor=ex).stats["us_per_token"]
-                  for _ in range(repeats)]
+            # warm-up: compile, capture
+            workbench.run(cfg, st, tokens=4, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
+            us = [workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, start_pos=spec.pos,
+                                executor=ex).stats["us_per_token"] for _ in range(repeats)]
             rows.append({**spec.to_dict(), "label": spec.label, "family": fam, "held_out": held, "strategy": label,
                          "tokens": tokens, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
                          "us_max": float(np.max(us)), "runs_us": us})
@@ -102,7 +104,7 @@ def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str
 # report (CPU)
 # ------------------------------------------------------------------------------------------
 def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
-    from workbench.exec.sim import run_sim
+    import workbench
 
     df = pd.DataFrame(measured["rows"])
     # the split follows MODELS (which families `workbench calibrate` measured), not the flag
@@ -113,7 +115,8 @@ def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
     for r in df.itertuples():
         spec = ModelSpec(r.model, None if pd.isna(r.layers) else int(r.layers),
                          None if pd.isna(r.context) else int(r.context), int(r.pos))
-        run = run_sim(spec.config(), STRATEGIES[r.strategy], int(r.tokens), start_pos=spec.pos, calibration=cal)
+        run = workbench.run(spec.config(), STRATEGIES[r.strategy], tokens=int(r.tokens), backend="sim",
+                            start_pos=spec.pos, calibration=cal)
         pred.append(run.stats["us_per_token"])
     df["predicted_us"] = pred
     df["error_pct"] = 100 * (df["predicted_us"] / df["us_per_token"] - 1)
@@ -204,7 +207,7 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
 
 
 def _gpu_key(name: str) -> str:
-    from workbench.exec.calibrate import gpu_key
+    from workbench.exec.calibration import gpu_key
 
     return gpu_key(name)
 

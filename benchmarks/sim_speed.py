@@ -1,11 +1,11 @@
-"""How fast the simulator is: 1000 tokens of ``llama-3.1-8b`` with every knob on (issue 3
-acceptance: <= 5 s on one core of the CI machine, peak memory <= 1 GB), stage by stage.
+"""How fast the simulator is: 1000 tokens of ``llama-3.1-8b`` with every knob on (target:
+<= 5 s on one core of the CI machine, peak memory <= 1 GB), stage by stage.
 
     python benchmarks/sim_speed.py [--model llama-3.1-8b] [--tokens 1000] [--gpu h100] [--no-memo]
 
 "Every knob on": implicit sync, CUDA graphs, PDL, qkv streams, every fusion, stream-aware
 allocation. The process pins itself to one CPU and its numeric libraries to one thread. Time is
-the whole ``run_sim`` (building and compiling the Plans for each KV length, simulating, building
+the whole sim backend run (building and compiling the Plans for each KV length, simulating, building
 the trace table, the statistics); memory is the process's peak resident set. It prints the
 simulated events per second (rows of the trace: API calls, kernels, copies) and exits 1 if a
 limit is exceeded.
@@ -40,9 +40,10 @@ def main() -> int:
         os.sched_setaffinity(0, {min(os.sched_getaffinity(0))})
 
     from workbench.exec.calibration import load_calibration
-    from workbench.exec.sim import plans_for_steps, simulate
+    from workbench.exec.sim import simulate
     from workbench.models import preset
     from workbench.strategy import ALL_ON
+    from workbench.strategy.steps import plans_for_steps
     from workbench.trace.stats import summarize
 
     cal = load_calibration(args.gpu)

@@ -1,5 +1,5 @@
 """What CUPTI tracing costs: traced vs untraced us/token of the cuda executor, per tracing mode
-(issue 6 target: <= 5 % under graph replay).
+(target: <= 5 % under graph replay).
 
     python benchmarks/trace_overhead.py [--model llama-3.2-1b] [--tokens 32] [--rounds 5]
         [--modes node,graph,...|all] [--kinds-sweep] [--out FILE]
@@ -39,7 +39,7 @@ from typing import Any
 
 import numpy as np
 
-from workbench.exec.calibrate import ModelSpec
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 STRATEGIES = {
@@ -72,24 +72,29 @@ def _trace_summary(trace: Any) -> dict[str, Any]:
 def measure_mode(spec: ModelSpec, mode: str, tokens: int, rounds: int, strategies: list[str],
                  seed: int = 0) -> dict[str, Any]:
     """Traced vs untraced us/token of each strategy under one tracing mode (one process)."""
-    from workbench.exec.cuda import CudaExecutor, run_cuda
+    import workbench
+    from workbench.exec.cuda import CudaExecutor
     from workbench.trace.cupti import CuptiCapture, cupti_available
 
     if not cupti_available():
         raise RuntimeError("trace_overhead measures CUPTI tracing: install cupti-python")
     opts = MODES[mode]
+    window = opts.get("node_tokens", ())
+    if window and list(window) != list(range(tokens - len(window), tokens)):
+        raise ValueError(f"mode {mode}: node tokens {window} must be the last {len(window)} of {tokens}")
+    node_tokens = None if opts.get("graph_trace", "node") == "node" else len(window)
     cfg = spec.config()
     executors: dict[str, CudaExecutor] = {}
     first = None
     for label in strategies:  # every graph captured before CUPTI is enabled
         ex = executors[label] = CudaExecutor(cfg, STRATEGIES[label], "device", seed, share=first)
         first = first or ex
-        run_cuda(cfg, STRATEGIES[label], 4, seed=seed, start_pos=spec.pos, executor=ex)
+        workbench.run(cfg, STRATEGIES[label], tokens=4, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
     notes: list[str] = []
 
     def once(label: str, ex: CudaExecutor, trace: bool) -> tuple[float, list[float], Any]:
-        r = run_cuda(cfg, STRATEGIES[label], tokens, seed=seed, start_pos=spec.pos, executor=ex, trace=trace,
-                     graph_trace=opts.get("graph_trace", "node"), node_tokens=opts.get("node_tokens", ()))
+        r = workbench.run(cfg, STRATEGIES[label], tokens=tokens, backend="cuda", seed=seed, start_pos=spec.pos,
+                          executor=ex, trace=trace, node_tokens=node_tokens)
         return float(r.stats["us_per_token"]), list(r.meta["token_us"]), r.trace
 
     plain = {label: [once(label, executors[label], False)[0] for _ in range(rounds)] for label in strategies}
@@ -98,7 +103,7 @@ def measure_mode(spec: ModelSpec, mode: str, tokens: int, rounds: int, strategie
         cap = CuptiCapture().start()
         for label in strategies:
             ex = traced_ex[label] = CudaExecutor(cfg, STRATEGIES[label], "device", seed, share=first)
-            run_cuda(cfg, STRATEGIES[label], 4, seed=seed, start_pos=spec.pos, executor=ex)
+            workbench.run(cfg, STRATEGIES[label], tokens=4, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
         cap.stop()
         notes.append("traced executors built and captured while a CUPTI capture was active")
     rows = []
@@ -132,7 +137,8 @@ def kinds_sweep(spec: ModelSpec, tokens: int, rounds: int, seed: int = 0) -> lis
     """Where the overhead under graph replay comes from: runs of the ``graphs`` executor (graph
     captured before CUPTI was enabled) with CUPTI recording one group of activity kinds at a time
     (not GRAPH_TRACE: it crashes on a graph captured before it was enabled, see the ``graph`` mode)."""
-    from workbench.exec.cuda import CudaExecutor, run_cuda
+    import workbench
+    from workbench.exec.cuda import CudaExecutor
     from workbench.trace.cupti import CuptiCapture
 
     groups = {"none": (), "CONCURRENT_KERNEL": ("CONCURRENT_KERNEL",), "RUNTIME+DRIVER": ("RUNTIME", "DRIVER"),
@@ -141,13 +147,13 @@ def kinds_sweep(spec: ModelSpec, tokens: int, rounds: int, seed: int = 0) -> lis
               "KERNEL (serialized, for comparison)": ("KERNEL",)}
     cfg, st = spec.config(), STRATEGIES["graphs"]
     ex = CudaExecutor(cfg, st, "device", seed)
-    run_cuda(cfg, st, 4, seed=seed, start_pos=spec.pos, executor=ex)
+    workbench.run(cfg, st, tokens=4, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
     out = []
     for name, kinds in groups.items():
         us = []
         for _ in range(rounds):
             cap = CuptiCapture(kinds=kinds).start() if kinds else None
-            run = run_cuda(cfg, st, tokens, seed=seed, start_pos=spec.pos, executor=ex)
+            run = workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
             us.append(float(run.stats["us_per_token"]))
             if cap is not None:
                 cap.stop()
@@ -196,7 +202,7 @@ def main() -> int:
                else {"kinds_sweep": kinds_sweep(spec, args.tokens, args.rounds)})
         args.out.write_text(json.dumps(res, indent=1))
         return 0
-    from workbench.exec.calibrate import environment
+    from workbench.exec.calibrate.environment import environment
 
     modes = list(MODES) if args.modes == "all" else [m for m in args.modes.split(",") if m]
     unknown = [m for m in modes if m not in MODES]

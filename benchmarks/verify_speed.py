@@ -1,5 +1,5 @@
 """How long the race analysis of a 2-token ``llama-3.1-8b`` Plan with every knob on takes
-(issue 7 acceptance: <= 10 s on the CI machine), stage by stage.
+(target: <= 10 s on the CI machine), stage by stage.
 
     python benchmarks/verify_speed.py [--model llama-3.1-8b] [--tokens 2] [--repeat 3]
 

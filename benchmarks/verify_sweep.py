@@ -1,5 +1,5 @@
 """Verify every valid knob combination (``workbench.verify.sweep.valid_strategies``) on every
-family's tiny preset and on ``llama-3.2-1b``: each must be race-free (issue 7 acceptance; the
+family's tiny preset and on ``llama-3.2-1b``: each must be race-free (the
 test suite runs a covering sample of the same space).
 
     python benchmarks/verify_sweep.py [--models ...] [--out data/bench/verify_sweep.json]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from workbench.exec.sim import run_sim
+import workbench
 from workbench.models import preset
 from workbench.strategy import Strategy
 from workbench.trace.analysis import token_spans
@@ -24,8 +24,8 @@ OPTIMIZED = Strategy(graphs=True, pdl=True, streams="qkv", sync="boundary")
 def main() -> None:
     OUT.mkdir(exist_ok=True)
     cfg = preset(MODEL)
-    base = run_sim(cfg, BASELINE, 4, gpu="h200").trace
-    opt = run_sim(cfg, OPTIMIZED, 4, gpu="h200").trace
+    base = workbench.run(cfg, BASELINE, tokens=4, backend="sim", gpu="h200").trace
+    opt = workbench.run(cfg, OPTIMIZED, tokens=4, backend="sim", gpu="h200").trace
 
     # one steady-state token of the optimized run, zoomed to its first layers: PDL lanes, Q/K/V streams
     fig = timeline(opt, title=f"{MODEL} · CUDA graph + PDL + Q/K/V streams + boundary sync (simulated H200)")

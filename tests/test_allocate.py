@@ -1,4 +1,4 @@
-"""Arena allocation: footprints, real reuse, and stream-aware recycling (seed 001's discussion)."""
+"""Arena allocation: footprints, real reuse, and stream-aware recycling (PR #16991's discussion)."""
 
 from __future__ import annotations
 

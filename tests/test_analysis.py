@@ -141,11 +141,11 @@ def test_speedup_table_in_compare_llama_bench_format(eager: Trace, graphs: Trace
 
 
 def test_analyses_of_a_simulated_run() -> None:
-    from workbench.exec.sim import run_sim
+    import workbench
     from workbench.models import preset
     from workbench.strategy import Strategy
 
-    runs = {name: run_sim(preset("llama-tiny"), s, 3).trace for name, s in {
+    runs = {name: workbench.run(preset("llama-tiny"), s, tokens=3, backend="sim", gpu="h100").trace for name, s in {
         "baseline": Strategy(), "graphs+pdl+qkv": Strategy(graphs=True, pdl=True, streams="qkv", sync="boundary")
     }.items()}
     for tr in runs.values():

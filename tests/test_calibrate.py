@@ -9,15 +9,12 @@ import json
 import numpy as np
 import pytest
 
-from workbench.exec.calibrate import (
-    CALIBRATION_STRATEGIES,
-    ModelSpec,
-    fit,
-    fit_kernels,
-    trace_tables,
-)
+import workbench
+from workbench.exec.calibrate.fit import fit
+from workbench.exec.calibrate.kernel_fit import fit_kernels
+from workbench.exec.calibrate.specs import CALIBRATION_STRATEGIES, ModelSpec
+from workbench.exec.calibrate.tables import trace_tables
 from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
-from workbench.exec.sim import run_sim
 
 SPECS = (ModelSpec("llama-3.2-1b", 1, 512), ModelSpec("llama-3.1-8b", 2, 2048, 1800))
 
@@ -76,7 +73,7 @@ def round_trip(request) -> tuple[dict, object]:
     runs = []
     for spec in SPECS:
         for label, st in CALIBRATION_STRATEGIES.items():
-            run = run_sim(spec.config(), st, 6, start_pos=spec.pos, calibration=cal)
+            run = workbench.run(spec.config(), st, tokens=6, backend="sim", start_pos=spec.pos, calibration=cal)
             info = {"nodes": len(run.plan.launches), "host_us_per_token": run.stats["us_per_token"]}
             if request.param == "host-clock":  # the untraced pass: host-clock op timings and us/token
                 info["host_ops"] = _host_ops_of(run.trace)
@@ -152,3 +149,9 @@ def test_kernel_fit_is_absolute_least_squares() -> None:
     # one size: the slope is not identifiable, the roofline is kept and the fixed part fitted
     f = fit_kernels(np.array([2000.0, 2200.0, 2100.0]), np.array([100.0, 100.0, 100.0]))
     assert f.work_scale == 1.0 and f.fixed_ns == pytest.approx(2000) and "no slope" in f.how
+
+
+def test_a_spec_reads_back_from_raw_table_columns_with_missing_values() -> None:
+    """Raw tables store a spec's layers and context as floats, NaN where the preset's default was used."""
+    assert ModelSpec.from_columns("llama-3.2-1b", float("nan"), 512.0, 0) == ModelSpec("llama-3.2-1b", None, 512)
+    assert ModelSpec.from_columns("llama-3.1-8b", 2.0, 2048.0, 1800.0) == SPECS[1]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from workbench.exec.calibrate import calibration_run_errors
+from workbench.exec.calibrate.check import calibration_run_errors
 from workbench.exec.calibration import (
     CALIBRATION_DIR,
     CalibrationError,

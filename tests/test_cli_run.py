@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from workbench import bench
 from workbench.cli import main
+from workbench.exec import cuda_backend
 from workbench.strategy import Strategy
 from workbench.trace.io import load_trace
 
@@ -22,7 +22,7 @@ def run_json(capsys, *argv: str) -> dict:
 
 
 def test_json_has_every_field_and_knob(capsys, monkeypatch):
-    monkeypatch.setattr(bench, "cuda_available", lambda: (False, "no CUDA GPU found"))
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (False, "no CUDA GPU found"))
     out = run_json(capsys, "--model", "llama-tiny", "--tokens", "3", "--graphs", "--pdl", "--streams", "qkv",
                    "--sync", "implicit", "--fusion", "rms-norm-mul,copy-elim", "--allocator", "stream-aware",
                    "--pdl-wait", "start", "--pdl-trigger", "after-main-loop", "--gpu", "h200")
@@ -37,7 +37,7 @@ def test_json_has_every_field_and_knob(capsys, monkeypatch):
 
 
 def test_default_backend_is_announced_on_stderr(capsys, monkeypatch):
-    monkeypatch.setattr(bench, "cuda_available", lambda: (False, "CuPy is not installed"))
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (False, "CuPy is not installed"))
     assert main(["run", "--model", "llama-tiny", "--tokens", "2"]) == 0
     cap = capsys.readouterr()
     assert "backend sim (CuPy is not installed" in cap.err
@@ -72,41 +72,40 @@ def test_reference_backend_runs_the_plan_graph(capsys):
 ])
 def test_errors_name_the_problem_and_the_fix(capsys, monkeypatch, argv, message):
     if argv[:2] == ["--backend", "cuda"]:
-        monkeypatch.setattr(bench, "cuda_available", lambda: (False, "CuPy is not installed"))
+        monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (False, "CuPy is not installed"))
     assert main(["run", "--model", "llama-tiny", *argv]) == 2
     assert message in capsys.readouterr().err
 
 
-def test_cuda_backend_dispatches_lazily(monkeypatch):
-    """With a GPU present, ``--backend cuda`` hands the run to workbench.exec.cuda.run_cuda
-    with the token ids (only the keyword arguments it accepts)."""
-    import sys
-    import types
-
+def test_cuda_backend_gets_the_plans_and_token_ids(monkeypatch):
+    """With a GPU present, ``--backend cuda`` hands the backend one Plan per step (built once,
+    for the device's compute capability) and the seeded token ids."""
     seen = {}
 
-    def run_cuda(cfg, strategy, tokens=None):
-        seen.update(cfg=cfg.name, strategy=strategy, tokens=tokens)
+    def run(self, req):
+        seen.update(cfg=req.cfg.name, strategy=req.strategy, tokens=req.token_ids, plans=req.plans)
         raise RuntimeError("stop here")
 
-    monkeypatch.setattr(bench, "cuda_available", lambda: (True, "1 CUDA device(s)"))
-    monkeypatch.setitem(sys.modules, "workbench.exec.cuda", types.SimpleNamespace(run_cuda=run_cuda))
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (True, "1 CUDA device(s)"))
+    monkeypatch.setattr(cuda_backend.CudaBackend, "compute_capability", lambda self, opts: (9, 0))
+    monkeypatch.setattr(cuda_backend.CudaBackend, "run", run)
     assert main(["run", "--model", "llama-tiny", "--tokens", "3", "--backend", "cuda", "--pdl"]) == 2
     assert seen["cfg"] == "llama-tiny" and seen["strategy"].pdl and len(seen["tokens"]) == 3
+    assert len(seen["plans"]) == 3 and seen["plans"][0] is seen["plans"][2]  # one Plan per padded KV length
 
 
 @pytest.mark.parametrize("text, tokens, expected", [
     ("2", 8, ("graph", (6, 7))), ("0", 8, ("graph", ())), ("all", 8, ("node", ())), ("8", 8, ("node", ())),
 ])
 def test_node_tokens_flag_picks_graph_level_tracing(text, tokens, expected):
-    from workbench.bench import graph_trace_from_arg
+    from workbench.commands.run import node_tokens_from_arg
 
-    assert graph_trace_from_arg(text, tokens) == expected
+    assert cuda_backend.graph_trace_mode(node_tokens_from_arg(text), tokens) == expected
 
 
 @pytest.mark.parametrize("text", ["-1", "some"])
 def test_node_tokens_flag_errors_name_the_fix(text):
-    from workbench.bench import graph_trace_from_arg
+    from workbench.commands.run import node_tokens_from_arg
 
     with pytest.raises(ValueError, match="--node-tokens"):
-        graph_trace_from_arg(text, 8)
+        node_tokens_from_arg(text)

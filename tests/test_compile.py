@@ -31,7 +31,7 @@ from workbench.strategy import (
 from workbench.strategy.host import pattern
 
 FUSION_SETS = [frozenset(), frozenset({"copy-elim"}), frozenset({"rms-norm-mul"}), frozenset(FUSIONS)]
-#: seed 000's host patterns (g: the kernels, d: logits back, s: the final sync)
+#: llama.cpp PR #17795's host patterns (g: the kernels, d: logits back, s: the final sync)
 PATTERNS = {"per-copy": "s c s c s c s c g d s", "boundary": "s a a a a s g d s", "implicit": "a a a a g d s"}
 
 
@@ -177,3 +177,19 @@ def test_compile_llama_8b_everything_on_is_fast():
     dt = time.perf_counter() - t
     assert dt < 1.0, f"compile took {dt:.2f} s"
     assert plan.n_streams == 3 and len(plan.removed) == 2 * 32 + 1
+
+
+def test_qkv_fork_is_found_from_the_graph_structure_not_the_node_name():
+    """A norm whose output feeds exactly three mat-muls forks, whatever it is called."""
+    from dataclasses import replace
+
+    from workbench.models import build_graph, preset
+    from workbench.strategy.deps import hazards
+    from workbench.strategy.streams import fork_points
+
+    g = build_graph(preset("llama-tiny"))
+    renamed = [replace(n, name=n.name.replace("attn_norm", "input_layernorm")) for n in g.nodes]
+    forks = fork_points(renamed, hazards(renamed))
+    assert [renamed[i].name for i in forks] == ["input_layernorm-0", "input_layernorm-1"]
+    # the ffn norm feeds two mat-muls (gate, up): no fork there
+    assert all(not renamed[i].name.startswith("ffn_norm") for i in forks)

@@ -6,11 +6,11 @@ import pytest
 
 from workbench.models import build_graph, preset
 from workbench.strategy import Strategy, compile_plan
-from workbench.trace.cupti import (
+from workbench.trace.cupti_names import api_name, kernel_base_name
+from workbench.trace.cupti_records import (
     KernelSite,
-    api_name,
+    activity_to_record,
     copies_from_plan,
-    kernel_base_name,
     match_kernels,
     records_to_trace,
     sites_from_plan,
@@ -142,3 +142,42 @@ def test_graph_level_capture_switches_kinds_per_token() -> None:
     assert not node.before_token(0)  # node-level captures never switch
     with pytest.raises(ValueError, match="'node'.*'graph'"):
         CuptiCapture(graph_trace="nodes")
+
+
+def _enum_names(enum: str, value: int) -> str:
+    """Stands in for CUPTI's enums: the value is the index in a short table per enum."""
+    table = {"ActivityKind": ["CONCURRENT_KERNEL", "RUNTIME", "MEMCPY", "SYNCHRONIZATION", "NAME"],
+             "ActivityMemcpyKind": ["HTOD", "DTOH"], "ActivityMemoryKind": ["PAGEABLE", "PINNED", "DEVICE"],
+             "ActivitySynchronizationType": ["STREAM_SYNCHRONIZE"], "RUNTIME": ["cudaGraphLaunch_v10000"]}
+    return table[enum][value]
+
+
+def test_activity_objects_become_plain_records_without_cupti() -> None:
+    from types import SimpleNamespace as A
+
+    common = dict(start=10, end=20, correlation_id=4, stream_id=7, device_id=0, graph_id=0)
+    k = activity_to_record(A(kind=0, name="rms_norm", graph_node_id=2, grid_x=4, grid_y=1, grid_z=1, block_x=256,
+                             block_y=1, block_z=1, **common), _enum_names)
+    assert k["src"] == "kernel" and k["grid"] == (4, 1, 1) and k["corr"] == 4 and k["stream"] == 7
+    api = activity_to_record(A(kind=1, cbid=0, thread_id=3, process_id=9, start=1, end=2, correlation_id=4),
+                             _enum_names)
+    assert api == dict(src="runtime", start=1, end=2, corr=4, name="cudaGraphLaunch_v10000", tid=3, pid=9)
+    d2h = activity_to_record(A(kind=2, copy_kind=1, src_kind=2, dst_kind=1, bytes=64, **common), _enum_names)
+    assert d2h["copy_kind"] == "D2H" and d2h["name"] == "[CUDA memcpy Device-to-Host] (Pinned)"
+    sync = activity_to_record(A(kind=3, type=0, start=1, end=2, correlation_id=5, stream_id=7), _enum_names)
+    assert sync["src"] == "sync" and sync["name"] == "Stream Synchronize"
+    assert activity_to_record(A(kind=4), _enum_names) is None  # a kind the trace does not keep
+
+
+@pytest.mark.parametrize("module", ["workbench.trace.chrome", "workbench.trace.nsys", "workbench.trace.cupti_records"])
+def test_trace_readers_import_without_cupti_python(module: str, monkeypatch) -> None:
+    """The file readers and the record conversion must work where cupti-python is missing: they
+    take CUDA names from ``cupti_names``, never from the live-capture module."""
+    import importlib
+    import sys
+
+    monkeypatch.setitem(sys.modules, "cupti", None)  # `import cupti` now raises ImportError
+    for name in (module, "workbench.trace.cupti"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.import_module(module)
+    assert "workbench.trace.cupti" not in sys.modules, f"{module} imports the live CUPTI capture"

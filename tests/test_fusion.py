@@ -1,4 +1,4 @@
-"""Graph rewrites: generic copy elimination (seed 002's review) and rms-norm-mul."""
+"""Graph rewrites: generic copy elimination (PR #23940's review) and rms-norm-mul."""
 
 from __future__ import annotations
 

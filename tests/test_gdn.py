@@ -1,5 +1,5 @@
 """Qwen3-Next (hybrid gated delta net): full-size shapes, the op -> tail view -> CPY state
-pattern of seed 002, recurrent states against transformers, and copy elimination."""
+pattern of PR #23940, recurrent states against transformers, and copy elimination."""
 
 import numpy as np
 import pytest

@@ -193,11 +193,12 @@ def test_llama3_gguf_reads_rope_freqs(saved, tmp_path):
 def test_checkpoint_under_all_optimizations(saved, name):
     """The biases and sliding masks survive every rewrite: the Plans of ALL_ON (fusions,
     streams, stream-aware allocation) give the same logits, simulate, and verify race-free."""
+    import workbench
     from workbench.exec.reference import run_reference
-    from workbench.exec.sim import plans_for_steps, run_sim
     from workbench.models import build_graph
     from workbench.models.weights import model_weights
     from workbench.strategy import ALL_ON
+    from workbench.strategy.steps import plans_for_steps
     from workbench.verify import verify
 
     folder, theirs = saved(name)
@@ -207,4 +208,6 @@ def test_checkpoint_under_all_optimizations(saved, name):
                          graph_for=lambda pos: plans[pos].graph).logits
     assert max_rel_err(ours, theirs) <= TOL
     assert verify(plans[-1]).race_free
-    assert run_sim(cfg, ALL_ON, 2).stats["tokens"] == 2
+    assert workbench.run(cfg, ALL_ON, tokens=2, backend="sim", quiet=True).stats["tokens"] == 2
+    ref = workbench.run(cfg, ALL_ON, tokens=TOKENS, backend="reference", quiet=True)  # the run path: its weights
+    assert max_rel_err(ref.logits, theirs) <= TOL

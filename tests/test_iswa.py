@@ -35,11 +35,11 @@ def test_gpt_oss_20b_sliding_bytes_follow_the_window_not_the_context():
 
 
 def test_ring_is_faster_in_the_simulator_and_race_free():
-    from workbench.exec.sim import run_sim
+    import workbench
 
     cfg = preset("gpt-oss-20b", context=32768, layers=2)
-    ring = run_sim(cfg, ALL_ON, 2, start_pos=32000)
-    full = run_sim(cfg.with_(swa_full=True), ALL_ON, 2, start_pos=32000)
+    ring = workbench.run(cfg, ALL_ON, tokens=2, start_pos=32000, backend="sim", quiet=True)
+    full = workbench.run(cfg.with_(swa_full=True), ALL_ON, tokens=2, start_pos=32000, backend="sim", quiet=True)
     assert ring.stats["us_per_token"] < full.stats["us_per_token"]
     assert ring.stats["memory_bytes"] < full.stats["memory_bytes"]
     assert verify(compile_plan(build_graph(cfg, cfg.kv_len(32000)), ALL_ON)).race_free

@@ -90,7 +90,7 @@ def test_backend_failure_is_shown_not_raised(p, monkeypatch):
     def boom(*_a, **_k):
         raise RuntimeError("device lost")
 
-    monkeypatch.setattr(panel_mod, "run_model", boom)
+    monkeypatch.setattr(panel_mod, "run_session", boom)
     assert p.run() is None
     assert "device lost" in p.status.value
 
@@ -148,12 +148,12 @@ def test_pin_another_baseline(p):
 
 
 def test_backends_offered(monkeypatch):
-    import workbench.bench as bench
+    from workbench.exec import cuda_backend
 
-    monkeypatch.setattr(bench, "cuda_available", lambda: (False, "no GPU"))
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (False, "no GPU"))
     assert panel_mod.available_backends() == ["sim"]
     assert ControlPanel(MODEL).backend.options == ("sim",)
-    monkeypatch.setattr(bench, "cuda_available", lambda: (True, "1 CUDA device(s)"))
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (True, "1 CUDA device(s)"))
     assert panel_mod.available_backends() == ["cuda", "sim"]
 
 
@@ -169,14 +169,14 @@ def test_a_knob_change_does_not_block_while_a_run_is_slow(tmp_path, monkeypatch)
     import threading
     import time
 
-    real = panel_mod.run_model
+    real = panel_mod.run_session
     release = threading.Event()
 
     def slow(*a, **k):
         release.wait(30)  # a long GPU run, say
         return real(*a, **k)
 
-    monkeypatch.setattr(panel_mod, "run_model", slow)
+    monkeypatch.setattr(panel_mod, "run_session", slow)
     p = ControlPanel(MODEL, tokens=3, auto=True, out_dir=tmp_path)
     t0 = time.perf_counter()
     p.graphs.value = True          # starts a run on the worker thread

@@ -8,7 +8,7 @@ from functools import cache
 
 import pytest
 
-from workbench.exec.sim import run_sim
+import workbench
 from workbench.models import preset
 from workbench.strategy import FUSIONS, Strategy
 
@@ -27,7 +27,7 @@ SEED_RANGES = {
 @cache
 def us(model: str, strategy: Strategy, layers: int | None = None, host: str | None = None) -> float:
     cfg = preset(model, layers=layers)
-    return run_sim(cfg, strategy, TOKENS, gpu="h100", host=host).stats["us_per_token"]
+    return workbench.run(cfg, strategy, tokens=TOKENS, backend="sim", gpu="h100", host=host).stats["us_per_token"]
 
 
 def gain(base: float, new: float) -> float:
@@ -48,7 +48,7 @@ def test_seed000_per_copy_boundary_implicit():
     report("000", "per-copy -> boundary", per_copy, boundary)
     report("000", "per-copy -> implicit", per_copy, implicit)
     assert per_copy > boundary > implicit
-    # a host with slower syncs (seed 000's Windows numbers) gains more from the same change
+    # a host with slower syncs (PR #17795's Windows numbers) gains more from the same change
     w = [us("llama-3.2-1b", GRAPHS.with_(sync=s), host="llama.cpp-windows") for s in ("per-copy", "implicit")]
     report("000", "per-copy -> implicit, llama.cpp-windows host profile", *w)
     assert gain(*w) > gain(per_copy, implicit)

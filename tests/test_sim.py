@@ -10,12 +10,14 @@ import warnings
 import numpy as np
 import pytest
 
+import workbench
 from workbench.exec.calibration import CALIBRATION_DIR, CalibrationError, load_calibration, parse_calibration
 from workbench.exec.cost import kernel_cost
-from workbench.exec.sim import plans_for_steps, run_sim, simulate
+from workbench.exec.sim import simulate
 from workbench.graph import GraphBuilder
 from workbench.models import TINY_PRESETS, preset
 from workbench.strategy import ALL_ON, Allocation, HostOp, Launch, Plan, Strategy
+from workbench.strategy.steps import plans_for_steps
 from workbench.trace import API_ROW, COLUMNS
 from workbench.trace.stats import device_gaps, summarize
 
@@ -181,7 +183,8 @@ def test_host_syncs_and_blocking_copies_wait_for_the_device():
 # real models
 # -------------------------------------------------------------------------------------------
 def test_trace_schema_correlation_tokens_and_nodes():
-    run = run_sim(preset("llama-3.2-1b", layers=2), ALL_ON.with_(sync="per-copy"), 3)
+    run = workbench.run(preset("llama-3.2-1b", layers=2), ALL_ON.with_(sync="per-copy"), tokens=3, backend="sim",
+                        gpu="h100")
     ev = run.trace.events
     assert list(ev.columns[: len(COLUMNS)]) == list(COLUMNS)
     assert (ev["token"] >= 0).all() and sorted(ev["token"].unique()) == [0, 1, 2]
@@ -224,7 +227,8 @@ def test_memoized_replays_equal_full_simulation():
 
 def test_kv_growth_recaptures_the_graph():
     cfg = preset("llama-3.2-1b", layers=2, context=1024)
-    run = run_sim(cfg, Strategy(graphs=True), 4, start_pos=254)  # n_kv 256, 256, 512, 512
+    # n_kv 256, 256, 512, 512
+    run = workbench.run(cfg, Strategy(graphs=True), tokens=4, backend="sim", gpu="h100", start_pos=254)
     ev = run.trace.events
     inst = ev[ev["name"] == "cudaGraphInstantiate"]
     assert list(inst["token"]) == [0, 2]
@@ -237,14 +241,14 @@ def test_tiny_presets_simulate_under_knob_combinations(model):
     combos = [Strategy(), ALL_ON, Strategy(streams="auto", pdl=True, pdl_trigger="after-main-loop", sync="boundary"),
               Strategy(graphs=True, streams="qkv", fusion=frozenset({"copy-elim"}), allocator="no-reuse")]
     for st in combos:
-        run = run_sim(cfg, st, 3)
+        run = workbench.run(cfg, st, tokens=3, backend="sim", gpu="h100")
         s = run.stats
         assert s["us_per_token"] > 0 and 0 < s["gpu_busy_fraction"] <= 1
         assert s["kernels_per_token"] == len(run.plan.launches)
 
 
 def test_stats_gaps_name_the_host_cause():
-    run = run_sim(preset("llama-3.2-1b", layers=2), Strategy(), 3)
+    run = workbench.run(preset("llama-3.2-1b", layers=2), Strategy(), tokens=3, backend="sim", gpu="h100")
     gaps = device_gaps(run.trace)
     host = gaps[gaps["cause"] == "host"]
     # eager: kernels wait for their launches; the gap after each is a launch minus a kernel
@@ -264,8 +268,8 @@ def test_h200_is_faster_and_host_profiles_apply():
     h100, h200 = (kernel_cost(lm_head, load_calibration(g)).duration_ns for g in ("h100", "h200"))
     assert h200 < h100
     eager = Strategy()
-    py = run_sim(cfg, eager, 3).stats["us_per_token"]
-    cpp = run_sim(cfg, eager, 3, host="llama.cpp").stats["us_per_token"]
+    py = workbench.run(cfg, eager, tokens=3, backend="sim", gpu="h100").stats["us_per_token"]
+    cpp = workbench.run(cfg, eager, tokens=3, backend="sim", gpu="h100", host="llama.cpp").stats["us_per_token"]
     assert cpp < py
 
 

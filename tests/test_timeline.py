@@ -122,11 +122,12 @@ def test_token_boundaries_and_token_row(fig: go.Figure, trace: Trace) -> None:
 
 
 def test_simulated_run_renders_like_nsight() -> None:
-    from workbench.exec.sim import run_sim
+    import workbench
     from workbench.models import preset
     from workbench.strategy import Strategy
 
-    run = run_sim(preset("llama-tiny"), Strategy(graphs=True, pdl=True, streams="qkv", sync="boundary"), 3)
+    run = workbench.run(preset("llama-tiny"), Strategy(graphs=True, pdl=True, streams="qkv", sync="boundary"), tokens=3,
+                        backend="sim", gpu="h100")
     fig = timeline(run.trace)
     rows = fig.layout.meta["workbench"]["rows"]
     assert "CUDA API" in rows and {"Stream 0", "Stream 1", "Stream 2"} <= set(rows)

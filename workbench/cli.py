@@ -1,5 +1,6 @@
-"""``workbench`` command line. Each subcommand lives beside the code it drives; a module
-provides ``configure(parser)`` and ``main(args) -> exit code``."""
+"""``workbench`` command line. Each subcommand is a module of ``workbench.commands`` with
+``configure(parser)`` and ``main(args) -> exit code``; commands call the library
+(``workbench.run``, ``verify``, the views), never each other."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from importlib import import_module
 
 #: subcommand -> (module, one-line help)
 COMMANDS = {
-    "run": ("workbench.bench", "run decode steps of a model under a strategy (sim, cuda or reference)"),
-    "verify": ("workbench.verify.cli", "prove a Plan race-free (happens-before analysis)"),
-    "view": ("workbench.view.cli", "draw, summarise or convert a trace file"),
-    "calibrate": ("workbench.exec.calibrate", "measure the simulator's cost model on this GPU"),
-    "lab": ("workbench.view.lab", "open JupyterLab on the notebooks"),
+    "run": ("workbench.commands.run", "run decode steps of a model under a strategy (sim, cuda or reference)"),
+    "verify": ("workbench.commands.verify", "prove a Plan race-free (happens-before analysis)"),
+    "view": ("workbench.commands.view", "draw, summarise or convert a trace file"),
+    "calibrate": ("workbench.commands.calibrate", "measure the simulator's cost model on this GPU"),
+    "lab": ("workbench.commands.lab", "open JupyterLab on the notebooks"),
 }
 
 

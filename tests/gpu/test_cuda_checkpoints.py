@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 from gpu_cases import TOL, rel_err
 
-from workbench.exec.cuda import run_cuda
+import workbench
 from workbench.exec.reference import run_reference
 from workbench.models import build_graph, load_config
 from workbench.models.weights import model_weights
@@ -17,6 +17,10 @@ from workbench.strategy import ALL_ON, Strategy
 
 pytest.importorskip("torch")
 pytest.importorskip("transformers")
+
+def run_cuda(cfg, strategy, tokens, weights):
+    return workbench.run(cfg, strategy, tokens=tokens, backend="cuda", quiet=True, weights=weights)
+
 
 NAMES = ["llama-mlp-bias", "llama-attention-bias", "qwen3-sliding", "gpt-oss-sliding", "qwen3-next"]
 
@@ -29,7 +33,7 @@ def test_saved_checkpoint_on_cuda(tmp_path, name, strategy):
     folder = save_checkpoint(name, tmp_path / name)
     cfg = load_config(str(folder), context=32)
     ref = run_reference(cfg, model_weights(cfg, build_graph(cfg)), TOKENS).logits
-    run = run_cuda(cfg, strategy, tokens=TOKENS)  # weights: the folder's safetensors
+    run = workbench.run(cfg, strategy, tokens=TOKENS, backend="cuda", quiet=True)  # the folder's safetensors
     err = rel_err(run.logits, ref)
     assert err <= TOL, f"{name} {strategy.label()}: {err:.2e}"
 
@@ -43,7 +47,7 @@ def test_bf16_checkpoint_kept_bf16_on_cuda(tmp_path):
     weights = model_weights(cfg, build_graph(cfg))
     ref = run_reference(cfg, weights, TOKENS).logits
     for strategy in (Strategy(), ALL_ON):
-        err = rel_err(run_cuda(cfg, strategy, tokens=TOKENS, weights=weights).logits, ref)
+        err = rel_err(run_cuda(cfg, strategy, TOKENS, weights).logits, ref)
         assert err <= TOL, f"bf16 {strategy.label()}: {err:.2e}"
 
 
@@ -62,5 +66,5 @@ def test_iswa_ring_wraps_on_cuda(strategy):
     tokens = [int(t) for t in np.random.default_rng(0).integers(0, 256, 262)]
     weights = random_weights(build_graph(cfg))
     ref = run_reference(cfg, weights, tokens).logits
-    err = rel_err(run_cuda(cfg, strategy, tokens=tokens, weights=weights).logits, ref)
+    err = rel_err(run_cuda(cfg, strategy, tokens, weights).logits, ref)
     assert err <= TOL, f"iSWA ring {strategy.label()}: {err:.2e}"

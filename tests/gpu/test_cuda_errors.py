@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 from gpu_cases import model_case
 
-from workbench.exec.cuda import CudaExecutor, run_cuda
+import workbench
+from workbench.exec.cuda import CudaExecutor
 from workbench.exec.kernels import CudaBackendError
 from workbench.models import preset
 from workbench.strategy import Strategy
@@ -23,6 +24,6 @@ def test_unknown_kernel_set():
 
 def test_trace_has_every_token():
     case = model_case("llama-tiny")
-    run = run_cuda(case.cfg, Strategy(graphs=True), tokens=4, trace=True)
+    run = workbench.run(case.cfg, Strategy(graphs=True), tokens=4, backend="cuda", trace=True)
     assert run.trace.tokens() == [0, 1, 2, 3]
     assert run.logits.shape == (4, case.cfg.get("vocab_size"))

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 from gpu_cases import MODELS, N_TOKENS, START, TOL, executor, model_case, record, rel_err
 
-from workbench.exec.cuda import run_cuda
+import workbench
 from workbench.strategy import Strategy
 
 SYNC = ("per-copy", "boundary", "implicit")
@@ -42,8 +42,8 @@ def test_knob_matrix(model, combo, kernels):
     case = model_case(model)
     strategy = strategy_of(*combo)
     ex = executor(case, strategy, kernels)
-    run = run_cuda(case.cfg, strategy, tokens=case.tokens[:N_TOKENS], start_pos=START, kernels=kernels,
-                   executor=ex)
+    run = workbench.run(case.cfg, strategy, tokens=case.tokens[:N_TOKENS], backend="cuda", start_pos=START,
+                        kernels=kernels, executor=ex)
     err = rel_err(run.logits, case.ref)
     identical = None
     if strategy.graphs:

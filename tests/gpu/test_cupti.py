@@ -13,9 +13,9 @@ CFG = preset("llama-tiny", layers=2)
 
 
 def _run(strategy: Strategy, tokens: int = 3):
-    from workbench.exec.cuda import run_cuda
+    import workbench
 
-    return run_cuda(CFG, strategy, tokens, trace=True)
+    return workbench.run(CFG, strategy, tokens=tokens, backend="cuda", trace=True, node_tokens=None)
 
 
 def _needs_cupti() -> None:
@@ -79,10 +79,10 @@ def test_per_copy_trace_syncs_before_every_input_copy() -> None:
 
 def test_graph_level_trace_one_span_per_replay_and_kernels_in_node_tokens() -> None:
     _needs_cupti()
-    from workbench.exec.cuda import run_cuda
+    import workbench
 
-    run = run_cuda(CFG, Strategy(graphs=True, pdl=True, streams="qkv", sync="implicit"), 4, trace=True,
-                   graph_trace="graph", node_tokens=(3,))
+    run = workbench.run(CFG, Strategy(graphs=True, pdl=True, streams="qkv", sync="implicit"), tokens=4,
+                        backend="cuda", trace=True, node_tokens=1)
     ev = run.trace.events
     spans = ev[(ev["kind"] == "graph") & (ev["token"] >= 0)]
     assert sorted(spans["token"]) == [0, 1, 2]  # token 3 is traced per kernel instead
@@ -97,12 +97,15 @@ def test_graph_level_trace_one_span_per_replay_and_kernels_in_node_tokens() -> N
     assert run.stats["us_per_token_graph_level"] > 0
 
 
-def test_node_tokens_in_the_middle_switch_back_to_graph_spans_safely() -> None:
+def test_node_tokens_in_the_middle_switch_back_to_graph_spans_safely(monkeypatch) -> None:
     _needs_cupti()
-    from workbench.exec.cuda import run_cuda
+    import workbench
+    from workbench.exec import cuda_backend
 
     st = Strategy(graphs=True, pdl=True)
-    run = run_cuda(CFG, st, 4, trace=True, graph_trace="graph", node_tokens=(1,))
+    # a node token in the middle of the run
+    monkeypatch.setattr(cuda_backend, "graph_trace_mode", lambda n, total: ("graph", (1,)))
+    run = workbench.run(CFG, st, tokens=4, backend="cuda", trace=True)
     ev = run.trace.events
     assert sorted(ev.loc[(ev["kind"] == "graph") & (ev["token"] >= 0), "token"]) == [0, 2, 3]
     assert set(ev.loc[(ev["kind"] == "kernel") & (ev["token"] >= 0), "token"]) == {1}
@@ -130,9 +133,12 @@ def test_run_cli_traces_graph_level_by_default(tmp_path) -> None:
 
 def test_panel_runs_on_the_cuda_backend_with_a_cupti_timeline() -> None:
     _needs_cupti()
-    from workbench.view.panel import run_model
+    from workbench.view.panel import ControlPanel
 
-    run = run_model("llama-tiny", Strategy(graphs=True, pdl=True), tokens=4, layers=2, backend="cuda")
+    p = ControlPanel("llama-tiny", layers=2, tokens=4, backend="cuda", strategy=Strategy(graphs=True, pdl=True))
+    entry = p.run()
+    assert entry is not None, p.last_error
+    run = entry.run
     assert run.backend == "cuda" and run.trace.meta["source"] == "cupti"
     assert set(run.trace.events.loc[run.trace.events["kind"] == "kernel", "token"]) == {2, 3}
 

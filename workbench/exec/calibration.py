@@ -3,7 +3,7 @@
 A calibration has two halves: the *device* (roofline numbers, fixed kernel costs, PDL and
 replay timings) and a *host profile* (what each CUDA API call costs the host thread). The
 host half is a profile because the same GPU is driven by very different hosts: the workbench's
-own Python executor, llama.cpp's C++ on Linux, or llama.cpp on Windows where seed 000 saw syncs
+own Python executor, llama.cpp's C++ on Linux, or llama.cpp on Windows where llama.cpp PR #17795 saw syncs
 cost several times more. Every field carries its source in the file's ``sources`` map and the
 loader refuses a file where one is missing.
 """
@@ -263,3 +263,29 @@ def _number(origin: str, key: str, v: Any) -> float:
     if v < 0:
         raise CalibrationError(f"{origin}: {key} must be >= 0, got {v}")
     return float(v)
+
+
+def default_gpu(present: str | None = None) -> tuple[str, str]:
+    """(calibration, why) for the simulator when none is asked for: the calibration of the GPU
+    named ``present`` (the CUDA device of this machine, if any) when one is shipped for it, else
+    the newest measured file (one with a ``measured`` section), else the first known file."""
+    known = known_gpus()
+    if present:
+        key = gpu_key(present)
+        if key in known:
+            return key, f"the calibration of the {present} present"
+    measured = [g for g in known if "measured" in json.loads((CALIBRATION_DIR / f"{g}.json").read_text())]
+    why = f"no calibration for the {present} present" if present else "no GPU present"
+    if measured:
+        return measured[-1], f"{why}; the measured {measured[-1]} calibration"
+    return known[0], f"{why}; no measured calibration shipped"
+
+
+def gpu_key(name: str) -> str:
+    """Calibration key of a device name: ``NVIDIA H100 80GB HBM3`` -> ``h100``; ``NVIDIA H200`` -> ``h200``."""
+    low = name.lower()
+    for key in ("h200", "h100", "h20", "gh200", "b200", "a100", "l40s", "l4"):
+        if key in low:
+            return key
+    words = low.replace("nvidia", "").split()
+    return words[0] if words else ""

@@ -18,30 +18,27 @@ written:
   kernel compiled for its launch's (wait, trigger) placement.
 
 ``CudaExecutor`` holds the device state (useful to replay a token or snapshot caches);
-``run_cuda`` is the backend entry point returning a ``Run``.
+``workbench.exec.cuda_backend.CudaBackend`` runs it behind the Backend interface.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
-import pandas as pd
 
 from ..graph import View
 from ..models import ModelConfig, build_graph
 from ..models.blocks import step_input_values
 from ..models.weights import device_weight, model_weights, to_storage
 from ..strategy import HostOp, Plan, Strategy
-from ..strategy.compile import compile_plan
 from ..strategy.host import kernel_launches
-from ..trace import MARKER_ROW, Trace
+from ..strategy.steps import plan_for
 from .cuda_ops import KernelCall, bind
+from .device import device_info
 from .kernels import CudaBackendError, LaunchHandle, NumbaLaunch, module_cache, numba_module, require_cupy
-from .run import Run
 
 KERNEL_SETS = ("cupy", "numba")
 #: persistent buffers are placed at this alignment inside their allocation
@@ -100,13 +97,10 @@ class CudaExecutor:
         cp, _ = require_cupy()
         self.cp = cp
         self.cfg, self.strategy, self.kernel_set = cfg, strategy, kernels
-        dev = cp.cuda.Device()
-        cc = str(dev.compute_capability)  # "90" -> (9, 0), "100" -> (10, 0)
-        self.cc = (int(cc[:-1]), int(cc[-1]))
-        props = cp.cuda.runtime.getDeviceProperties(dev.id)
-        name = props["name"].decode() if isinstance(props["name"], bytes) else str(props["name"])
-        self.device_name = name
-        self.device = f"{name} (compute capability {self.cc[0]}.{self.cc[1]})"
+        info = device_info()
+        self.cc = info.compute_capability
+        self.device_name = info.name
+        self.device = info.label
         strategy.validate(self.cc)
         if kernels == "numba":
             self._numba = _numba_kernels()
@@ -199,6 +193,16 @@ class CudaExecutor:
             self._persistent_mem[off: off + view.buffer.nbytes].fill(0)
         self.cp.cuda.runtime.deviceSynchronize()
 
+    def release(self) -> None:
+        """Drop this executor's device memory: bound Plans and their captured graphs, the arena,
+        workspaces, and its reference to the persistent buffers (freed once no executor sharing
+        them holds them). The executor cannot run afterwards."""
+        self.cp.cuda.runtime.deviceSynchronize()
+        self._plans.clear()
+        self._arena, self._arena_bytes = None, 0
+        self._workspaces.clear()
+        self._persistent_mem, self.persistent, self._staging = None, {}, {}
+
     def _h2d_blocking(self, dst: int, host: np.ndarray) -> None:
         self.cp.cuda.runtime.memcpy(dst, host.ctypes.data, host.nbytes, H2D)
 
@@ -233,10 +237,15 @@ class CudaExecutor:
     def bound(self, n_kv: int) -> _Bound:
         """The Plan for steps attending over ``n_kv`` rows, bound to device memory."""
         b = self._plans.get(n_kv)
-        if b is not None:
+        return b if b is not None else self.bind_plan(plan_for(self.cfg, self.strategy, n_kv, self.cc))
+
+    def bind_plan(self, plan: Plan) -> _Bound:
+        """Bind ``plan`` (built for this executor's model and strategy) to device memory; a Plan
+        already bound for its KV length is kept."""
+        n_kv = int(plan.graph.meta["n_kv"])
+        b = self._plans.get(n_kv)
+        if b is not None and b.plan is plan:
             return b
-        graph = self.full if n_kv == self.full.meta["n_kv"] else build_graph(self.cfg, n_kv)
-        plan = compile_plan(graph, self.strategy, self.cc)
         arena = self._arena_for(plan)
         addr = self._addr_fn(plan, arena)
         calls, handles = [], []
@@ -434,87 +443,4 @@ def _numba_kernels() -> dict[str, Any]:
     return numba_module().KERNELS
 
 
-def _host_trace(times: StepTimes, **meta: Any) -> Trace:
-    """A coarse trace when no CUPTI capture was asked for: one marker per token (host time)."""
-    rows = [dict(row=MARKER_ROW, kind="marker", name=f"token {i}", start_ns=s, end_ns=e, token=i)
-            for i, (s, e) in enumerate(zip(times.start_ns, times.end_ns))]
-    if not rows:
-        return Trace(pd.DataFrame({"row": [], "kind": [], "name": [], "start_ns": [], "end_ns": []}), meta)
-    return Trace.from_records(rows, **meta)
-
-
-def run_cuda(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] = 8,
-             weights: dict[str, np.ndarray] | None = None, seed: int = 0, kernels: str = "cupy",
-             trace: bool = False, start_pos: int = 0, executor: CudaExecutor | None = None,
-             graph_trace: str = "node", node_tokens: Iterable[int] = ()) -> Run:
-    """Decode ``tokens`` (a count of seeded random ids, or the ids) one step at a time on the GPU.
-
-    ``weights``: HF-named storage arrays (default: ``model_weights``: the checkpoint's, else random with ``seed``,
-    the same the reference and ``workbench run`` use); ``kernels``: ``cupy`` (CUDA C through
-    NVRTC) or ``numba`` (Numba kernels for the elementwise and normalisation ops); ``trace``:
-    record a CUPTI timeline (``workbench.trace.cupti``; coarse CUDA-event spans without
-    cupti-python); ``graph_trace``/``node_tokens``: how graph replays are traced
-    (``CuptiCapture``: ``node`` = every kernel, ``graph`` = one span per graph launch except for
-    the ``node_tokens``; eager strategies are always traced per kernel). Raises CudaBackendError
-    without a GPU or CuPy (use ``--backend sim``) or when
-    the model does not fit (use ``--layers``), StrategyError for PDL below compute capability 9.0.
-    """
-    ex = executor or CudaExecutor(cfg, strategy, weights, seed, kernels)
-    ids = (list(np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)) if isinstance(tokens, int)
-           else [int(t) for t in tokens])
-    if not ids:
-        raise ValueError("--tokens must be >= 1")
-    capture = None
-    if trace:
-        from ..trace.cupti import copies_from_plan, open_capture, sites_from_plan
-
-        first = ex.prepare(start_pos)
-        capture = open_capture(sites_from_plan(first.plan, ex.kernel_of), copies_from_plan(first.plan),
-                               stream=ex._stream(0), model=cfg.name, strategy=strategy.label(), backend="cuda",
-                               device=ex.device, graph_trace=graph_trace if strategy.graphs else "node",
-                               node_tokens=tuple(node_tokens)).start()
-        if getattr(capture, "needs_fresh_graphs", False):
-            ex.drop_graphs()
-    logits = []
-    n0 = len(ex.times.start_ns)
-    for i, tok in enumerate(ids):
-        pos = start_pos + i
-        if capture is not None and getattr(capture, "before_token", None) and capture.before_token(i):
-            ex.drop_graphs()  # graph spans back on: no graph captured under node detail may be launched
-        ex.prepare(pos)
-        if capture is not None:
-            capture.mark_token(i)
-        logits.append(ex.step(tok, pos))
-    times = StepTimes(ex.times.start_ns[n0:], ex.times.end_ns[n0:])
-    tr = capture.stop() if capture is not None else _host_trace(times, source="host", model=cfg.name,
-                                                                  strategy=strategy.label(), backend="cuda")
-    from ..trace.stats import summarize
-
-    last = ex.bound(cfg.kv_len(start_pos + len(ids) - 1))
-    stats = summarize(tr)
-    us = times.us
-    steady = us[1:] if len(us) > 1 else us
-    program = last.plan.host_program
-    stats.update({
-        "tokens": len(ids),
-        "us_per_token": float(np.mean(steady)),
-        "us_per_token_median": float(np.median(steady)),
-        "tokens_per_s": float(1e6 / np.mean(steady)),
-        "kernels_per_token": len(last.plan.launches),
-        "launches_per_token": sum(op.kind in ("launch", "graph_launch") for op in program),
-        "syncs_per_token": sum(op.kind == "stream_sync" for op in program),
-        "memory_bytes": ex.persistent_bytes + ex._arena_bytes,
-        "captures": ex.captures,
-    })
-    if capture is not None:
-        stats["graph_trace"] = getattr(capture, "graph_trace", "events")
-        if stats["graph_trace"] == "graph":  # tokens traced at graph level only (cheap), for overhead checks
-            nodes = set(getattr(capture, "node_tokens", ()))
-            rest = [u for i, u in enumerate(us) if i > 0 and i not in nodes]
-            stats["node_tokens"] = sorted(nodes)
-            stats["us_per_token_graph_level"] = float(np.mean(rest)) if rest else float("nan")
-    return Run("cuda", ex.device, last.plan, np.stack(logits), tr, stats,
-               {"kernels": kernels, "token_us": us.tolist(), "start_pos": start_pos, "executor": ex})
-
-
-__all__ = ["CudaBackendError", "CudaExecutor", "run_cuda"]
+__all__ = ["CudaBackendError", "CudaExecutor", "StepTimes"]

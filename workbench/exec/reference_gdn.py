@@ -12,7 +12,7 @@ import numpy as np
 
 from ..graph import Node
 from .memory import Memory
-from .reference_ops import _out, _src, numpy_op, rms_norm, silu
+from .reference_base import _out, _src, numpy_op, rms_norm, silu
 
 
 @numpy_op("SILU")

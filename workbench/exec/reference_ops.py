@@ -7,50 +7,14 @@ as the graph says.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-
 import numpy as np
 
 from ..graph import Node
+from . import reference_gdn  # noqa: F401  (registers the gated-delta-net ops in NUMPY_OPS)
 from .memory import Memory
+from .reference_base import NUMPY_OPS, _out, _src, numpy_op, rms_norm, sigmoid, silu, softmax
 
-NUMPY_OPS: dict[str, Callable[[Node, Memory], None]] = {}
-
-
-def numpy_op(name: str):
-    def deco(fn: Callable[[Node, Memory], None]) -> Callable[[Node, Memory], None]:
-        NUMPY_OPS[name] = fn
-        return fn
-    return deco
-
-
-def _src(node: Node, mem: Memory, i: int) -> np.ndarray:
-    v = node.srcs[i]
-    return mem.read_const(v) if v.buffer.kind in ("weight", "const") else mem.read(v)
-
-
-def _out(node: Node, mem: Memory, values: np.ndarray, i: int = 0) -> None:
-    v = node.outs[i]
-    mem.write(v, np.asarray(values, np.float32).reshape(v.shape) if v.dtype not in ("i32", "i64")
-              else np.asarray(values).reshape(v.shape))
-
-
-def silu(x: np.ndarray) -> np.ndarray:
-    return x / (1.0 + np.exp(-x))
-
-
-def sigmoid(x: np.ndarray) -> np.ndarray:
-    return 1.0 / (1.0 + np.exp(-x))
-
-
-def softmax(x: np.ndarray, axis: int = -1) -> np.ndarray:
-    m = np.max(x, axis=axis, keepdims=True)
-    e = np.exp(x - m)
-    return e / e.sum(axis=axis, keepdims=True)
-
-
-def rms_norm(x: np.ndarray, eps: float) -> np.ndarray:
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps)
+__all__ = ["NUMPY_OPS", "attend", "rms_norm", "rope", "sigmoid", "silu", "softmax"]
 
 
 @numpy_op("GET_ROWS")
@@ -221,4 +185,3 @@ def op_attn(node: Node, mem: Memory) -> None:
 @numpy_op("CPY")
 def op_cpy(node: Node, mem: Memory) -> None:
     _out(node, mem, _src(node, mem, 0))
-from . import reference_gdn  # noqa: E402,F401  (registers the gated-delta-net ops)

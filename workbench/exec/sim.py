@@ -33,13 +33,10 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..graph import Graph
-from ..models import ModelConfig, build_graph
-from ..strategy import HostOp, Launch, Plan, Strategy
+from ..strategy import HostOp, Launch, Plan
 from ..trace import API_ROW, Trace, stream_row
-from .calibration import Calibration, load_calibration
+from .calibration import Calibration
 from .cost import KernelCost, kernel_cost, memcpy_ns
-from .run import Run
 
 # stream-op kinds
 KERNEL, MEMCPY, WAIT, GRAPH = 0, 1, 2, 3
@@ -740,44 +737,3 @@ def simulate(plans: Sequence[Plan], cal: Calibration, *, memo: bool = True) -> T
         "device_events": eng.n_device_events,
     })
     return trace
-
-
-# -------------------------------------------------------------------------------------------
-# plans per step and the backend entry point
-# -------------------------------------------------------------------------------------------
-def plans_for_steps(cfg: ModelConfig, strategy: Strategy, n_tokens: int, start_pos: int = 0,
-                    device_cc: tuple[int, int] | None = None) -> list[Plan]:
-    """One Plan per decode step; steps with the same padded KV length share one Plan (and one
-    CUDA graph), as llama.cpp's graphs keep their shape until n_kv grows."""
-    from ..strategy.compile import compile_plan
-
-    cache: dict[int, Plan] = {}
-    graphs: dict[int, Graph] = {}
-    out = []
-    for step in range(n_tokens):
-        n_kv = cfg.kv_len(start_pos + step)
-        if n_kv not in cache:
-            graphs[n_kv] = build_graph(cfg, n_kv)
-            cache[n_kv] = compile_plan(graphs[n_kv], strategy, device_cc)
-        out.append(cache[n_kv])
-    return out
-
-
-def run_sim(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] = 8, *, start_pos: int = 0,
-            gpu: str = "h100", host: str | None = None, calibration: Calibration | None = None,
-            memo: bool = True) -> Run:
-    """Simulate ``tokens`` decode steps (a count, or the token ids, whose values do not change
-    the timing) of ``cfg`` under ``strategy`` on the calibrated ``gpu``."""
-    from ..trace.stats import summarize
-
-    cal = calibration or load_calibration(gpu, host)
-    n = tokens if isinstance(tokens, int) else len(tokens)
-    if n < 1:
-        raise ValueError(f"--tokens must be >= 1, got {n}")
-    plans = plans_for_steps(cfg, strategy, n, start_pos, cal.compute_capability)
-    trace = simulate(plans, cal, memo=memo)
-    trace.meta.update(model=cfg.name, strategy=strategy.label())
-    stats = summarize(trace)
-    stats["memory_bytes"] = max(p.memory_bytes for p in plans)
-    return Run("sim", cal.device_label, plans[-1], None, trace, stats,
-               {"calibration": cal, "plans": plans, "start_pos": start_pos})

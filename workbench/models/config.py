@@ -13,6 +13,9 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
+from .errors import ConfigError
+from .hf_keys import canonical
+
 #: Hugging Face ``model_type`` -> workbench family.
 MODEL_TYPES = {
     "llama": "llama",
@@ -28,10 +31,6 @@ GGUF_ARCHS = {"llama": "llama", "qwen3": "qwen3", "qwen3moe": "qwen3_moe", "gpt-
 
 #: ggml pads the KV length it attends over to this many rows so graphs keep their shape.
 KV_PAD = 256
-
-
-class ConfigError(ValueError):
-    """A model configuration the workbench cannot use; the message says what to change."""
 
 
 @dataclass(frozen=True)
@@ -137,8 +136,6 @@ def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None,
     if hf.get("model_type") not in MODEL_TYPES:
         raise ConfigError(f"model_type {hf['model_type']!r} is not supported; supported: {sorted(MODEL_TYPES)}")
     hf.pop("architectures", None)
-    from .hf_keys import canonical
-
     name = name or hf["model_type"]
     source = None if isinstance(source, dict) else str(path.parent)
     cfg = ModelConfig(name, canonical(hf, name), source=source)
@@ -256,7 +253,5 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
         t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         factors = tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))
     name = str(value("general.name", path.stem))
-    from .hf_keys import canonical
-
     cfg = ModelConfig(name, canonical(hf, name), rope_freq_factors=factors)
     return cfg.with_(**runtime) if runtime else cfg

@@ -15,7 +15,7 @@ from __future__ import annotations
 import copy
 from typing import Any
 
-from .config import ConfigError
+from .errors import ConfigError
 
 #: RoPE types the graphs rotate with (:func:`workbench.models.rope.rope_params`).
 ROPE_TYPES = ("default", "linear", "llama3", "yarn")

@@ -9,6 +9,7 @@ from __future__ import annotations
 from typing import Any
 
 from .config import ConfigError, ModelConfig
+from .hf_keys import canonical
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
@@ -117,8 +118,6 @@ def preset(name: str, *, layers: int | None = None, context: int | None = None,
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)} "
                           "(or pass a config.json / .gguf path)")
-    from .hf_keys import canonical
-
     cfg = ModelConfig(name, canonical(PRESETS[name], name))  # a copy: callers (transformers) may mutate it
     return cfg.with_(layers=layers, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
                      swa_full=swa_full, n_ubatch=n_ubatch)

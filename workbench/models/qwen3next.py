@@ -9,7 +9,7 @@ Two recurrent caches per linear layer, as llama.cpp's ``llama_memory_recurrent``
 ``cache_r_l{il}`` (conv state, the last ``d_conv - 1`` inputs per channel) and ``cache_s_l{il}``
 (delta-rule state [H_v, d_k, d_v]). SSM_CONV and GATED_DELTA_NET write their result *and* the
 new state into one buffer (``outs[0]`` at the head, ``outs[1]`` a view of the tail) and a CPY
-then copies that tail into the cache: the op -> view -> CPY pattern that seed 002 removes.
+then copies that tail into the cache: the op -> view -> CPY pattern that PR #23940 removes.
 
 Weights keep their Hugging Face names and shapes; the fused ``in_proj_qkvz`` / ``in_proj_ba``
 (rows grouped per key head: [q | k | v | z] and [b | a]) are read through strided views, so

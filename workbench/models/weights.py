@@ -137,10 +137,15 @@ def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict
     return out
 
 
+def has_checkpoint(cfg) -> bool:
+    """Was ``cfg`` read from a folder that holds safetensors (its weights)?"""
+    return cfg.source is not None and any(Path(cfg.source).glob("*.safetensors"))
+
+
 def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
     """The weights a run of ``cfg`` uses: the safetensors beside its config.json when it was
     read from a folder that has them, else ``random_weights(graph, seed)``."""
-    if cfg.source is not None and any(Path(cfg.source).glob("*.safetensors")):
+    if has_checkpoint(cfg):
         return load_safetensors(graph, Path(cfg.source))
     return random_weights(graph, seed)
 

@@ -6,8 +6,8 @@ The policies differ only in which two buffers may share bytes:
 
 - ``serial-reuse`` is ggml-alloc's assumption of in-order execution: a buffer's bytes are free
   once its last access in graph order is done, so a later buffer may take them even if that
-  last reader runs on another stream and has not finished (seed 001's bug).
-- ``stream-aware`` is the ``becomes_visible_at`` design of seed 001's discussion: a buffer may
+  last reader runs on another stream and has not finished (PR #16991's bug).
+- ``stream-aware`` is the ``becomes_visible_at`` design of PR #16991's discussion: a buffer may
   take another's bytes only if every access of the earlier one happens-before every access of
   the later one (stream order plus events), i.e. the last use has become visible to each
   stream that will touch the bytes next.

@@ -79,7 +79,7 @@ def _redirect(out: View, src: View, dst: View) -> View | None:
 
 
 def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
-    """The generic rule of seed 002's review, for any op.
+    """The generic rule of PR #23940's review, for any op.
 
     An op output used exactly once, by a ``CPY`` into a view, is redirected: the op writes
     straight into that view with its strides and the CPY node disappears. Safe only when

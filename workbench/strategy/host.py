@@ -1,4 +1,4 @@
-"""The per-token host program (seed 000): input copies and syncs, launches, logits back.
+"""The per-token host program (llama.cpp PR #17795): input copies and syncs, launches, logits back.
 
 ``per-copy`` (llama.cpp before #17795): before each input copy the host synchronizes the
 stream and copies blocking from a pageable buffer (``s c s c s c s c``). ``boundary``: one sync,

@@ -1,4 +1,4 @@
-"""Programmatic Dependent Launch placement (seed 003), per kernel family.
+"""Programmatic Dependent Launch placement (llama.cpp's PDL change (b9254)), per kernel family.
 
 With ``Strategy.pdl`` every kernel is enrolled: it executes ``griddepcontrol.launch_dependents``
 at its family's trigger point (``start``, ``after-main-loop``, ``end``; ``none`` never lets the

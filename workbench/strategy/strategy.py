@@ -10,12 +10,12 @@ import warnings
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
-SYNC_MODES = ("per-copy", "boundary", "implicit")          # seed 000
-STREAM_MODES = ("single", "qkv", "auto")                   # seed 001
-PDL_WAITS = ("start", "first-read", "late")                # seed 003 (late = unsafe, for studying races)
-PDL_TRIGGERS = ("start", "after-main-loop", "end", "none")  # seed 003
-FUSIONS = ("copy-elim", "rms-norm-mul")                    # seed 002 and ggml's classic fusion
-ALLOCATORS = ("serial-reuse", "stream-aware", "no-reuse")  # seed 001's buffer-lifetime discussion
+SYNC_MODES = ("per-copy", "boundary", "implicit")          # PR #17795
+STREAM_MODES = ("single", "qkv", "auto")                   # PR #16991
+PDL_WAITS = ("start", "first-read", "late")                # PDL (b9254); late = a race, to study it
+PDL_TRIGGERS = ("start", "after-main-loop", "end", "none")  # llama.cpp's PDL change (b9254)
+FUSIONS = ("copy-elim", "rms-norm-mul")                    # PR #23940 and ggml's classic fusion
+ALLOCATORS = ("serial-reuse", "stream-aware", "no-reuse")  # PR #16991's buffer-lifetime discussion
 
 
 class StrategyError(ValueError):

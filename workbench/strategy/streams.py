@@ -1,8 +1,10 @@
 """Stream assignment (``Strategy.streams``) and the fork/join events that keep it correct.
 
-``single`` puts every kernel on stream 0. ``qkv`` is seed 001: after each ``attn_norm-N`` the
-Q, K and V branches run on streams 0, 1 and 2 (fork event recorded after ``attn_norm-N``) and
-meet again at the first attention node (join events from streams 1 and 2). ``auto`` puts any
+``single`` puts every kernel on stream 0. ``qkv`` is llama.cpp PR #16991: after each
+normalisation whose output feeds exactly three mat-muls (the Q, K and V projections; found from
+the graph's structure, not its node names) the three branches run on streams 0, 1 and 2 (fork
+event recorded after the norm) and meet again at the first attention node (join events from
+streams 1 and 2). ``auto`` puts any
 independent branch on its own stream, up to ``max_streams``.
 
 Events are placed generically from the byte-level hazards: whenever a node depends on a node
@@ -16,17 +18,17 @@ Every side stream joins stream 0 before the graph's last node, so a token ends o
 
 from __future__ import annotations
 
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..graph import Node
+from ..graph.ops import op_info
 
-#: the node after which seed 001 forks Q, K and V (llama.cpp's ``attn_norm-<layer>``)
-FORK_NAME = re.compile(r"^attn_norm-\d+$")
+#: the op of each of the forked branches' first node (the Q, K and V projections)
+FORK_CONSUMER_OP = "MUL_MAT"
 #: the op where the Q, K and V branches meet
 JOIN_OP = "FLASH_ATTN_EXT"
-#: seed 001's fan-out
+#: PR #16991's fan-out
 QKV_FANOUT = 3
 
 
@@ -64,10 +66,31 @@ def assign_streams(nodes: Sequence[Node], deps: list[list[int]], mode: str, max_
     return place_events(streams, deps)
 
 
+def _is_norm_output(i: int, nodes: Sequence[Node], deps: list[list[int]]) -> bool:
+    """A normalisation's result: a norm op, or the weight MUL right after one (ggml's
+    ``attn_norm`` is ``mul(rms_norm(x), w)`` unless fused)."""
+    if op_info(nodes[i].op).family == "norm":
+        return True
+    return nodes[i].op == "MUL" and any(op_info(nodes[d].op).family == "norm" for d in deps[i])
+
+
+def fork_points(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
+    """Nodes after which ``qkv`` forks: a normalisation whose output is read by exactly
+    ``QKV_FANOUT`` nodes, all of them mat-muls (llama.cpp: a norm with exactly three consumers)."""
+    readers: dict[int, list[int]] = {}
+    for j, ds in enumerate(deps):
+        for d in ds:
+            if any(src.overlaps(nodes[d].dst) for src in nodes[j].srcs):
+                readers.setdefault(d, []).append(j)
+    return [i for i, r in sorted(readers.items())
+            if len(r) == QKV_FANOUT and all(nodes[j].op == FORK_CONSUMER_OP for j in r)
+            and _is_norm_output(i, nodes, deps)]
+
+
 def _qkv_streams(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
-    """Seed 001: fork after ``attn_norm-N``, one stream per branch, join at the attention."""
+    """PR #16991: fork after the Q/K/V norm, one stream per branch, join at the attention."""
     streams = [0] * len(nodes)
-    forks = [i for i, n in enumerate(nodes) if FORK_NAME.match(n.name)]
+    forks = fork_points(nodes, deps)
     for f, nxt in zip(forks, [*forks[1:], len(nodes)]):
         join = next((j for j in range(f + 1, nxt) if nodes[j].op == JOIN_OP), None)
         if join is None:

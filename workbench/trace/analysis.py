@@ -131,7 +131,7 @@ def idle_figure(gaps: pd.DataFrame):
 
 def sync_calls_per_token(trace: Trace) -> pd.DataFrame:
     """Per token: host API calls, synchronizing calls among them and the time spent in those,
-    copies issued and launches (the counts seed 000 reduces)."""
+    copies issued and launches (the counts PR #17795 reduces)."""
     _, host = _split(trace)
     host = host[host["token"] >= 0]
     cols = ["token", "api_calls", "sync_calls", "sync_us", "memcpy_calls", "launch_calls"]

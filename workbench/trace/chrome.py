@@ -17,7 +17,7 @@ from bisect import bisect_right
 from collections import Counter
 from typing import Any
 
-from .cupti import SYNC_APIS, api_name
+from .cupti_names import SYNC_APIS, api_name
 from .table import API_ROW, MARKER_ROW, Trace, TraceError, stream_row
 from .tokens import tokens_from_markers
 

@@ -25,14 +25,15 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from .cupti import SYNC_APIS, api_name
+from .cupti_names import COPY_KIND_VALUES, SYNC_APIS, api_name
+from .cupti_names import COPY_KINDS as CUPTI_COPY_KINDS
 from .table import API_ROW, MARKER_ROW, Trace, TraceError
 from .tokens import tokens_from_markers
 
 CUDA_TABLES = ("CUPTI_ACTIVITY_KIND_RUNTIME", "CUPTI_ACTIVITY_KIND_KERNEL", "CUPTI_ACTIVITY_KIND_MEMCPY",
                "CUPTI_ACTIVITY_KIND_MEMSET")
-COPY_KINDS = {1: ("H2D", "Host-to-Device"), 2: ("D2H", "Device-to-Host"), 8: ("D2D", "Device-to-Device"),
-              9: ("H2H", "Host-to-Host"), 10: ("P2P", "Peer-to-Peer")}
+#: the export's copyKind values -> (the Trace's ``copy_kind``, Nsight Systems' memcpy label)
+COPY_KINDS = {value: CUPTI_COPY_KINDS[name] for value, name in COPY_KIND_VALUES.items()}
 SYNC_TYPES = {1: "Event synchronize", 2: "Stream wait event", 3: "Stream synchronize", 4: "Context synchronize"}
 BLOCKING_SYNC_TYPES = (1, 3, 4)
 NVTX_RANGES = (59, 60)

@@ -5,7 +5,7 @@ usually marks its steps: an NVTX range ``token 12`` / ``decode token 12``, or th
 ``ProfilerStep#12``. A host event inside such a range (same process and thread) takes its
 token; device work takes the token of the API call with its correlation id, so a kernel that
 runs while the host already issues the next token still counts for the token that launched it
-(the rule ``workbench.trace.cupti`` applies to live captures).
+(the rule ``workbench.trace.cupti_records`` applies to live captures).
 """
 
 from __future__ import annotations

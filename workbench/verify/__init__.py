@@ -1,5 +1,5 @@
 """Prove a Plan race-free: happens-before over the unrolled host program, accesses as byte
-ranges of allocated buffers, every unordered conflicting pair explained (issue 7).
+ranges of allocated buffers, every unordered conflicting pair explained.
 
 ``verify(plan, tokens=2)`` is the whole analysis; ``workbench verify`` is its command line.
 """

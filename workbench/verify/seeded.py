@@ -173,7 +173,7 @@ def _early_fork(plan: Plan) -> Plan:
 
 
 SEEDED_BUGS: tuple[SeededBug, ...] = (
-    SeededBug("qkv-serial-reuse", "qkv streams with ggml-alloc's serial-reuse allocator (seed 001's bug)",
+    SeededBug("qkv-serial-reuse", "qkv streams with ggml-alloc's serial-reuse allocator (PR #16991's bug)",
               ("allocator-reuse", "Kcur-0", "Qcur_rope-0"), Strategy(graphs=True, streams="qkv")),
     SeededBug("auto-serial-reuse", "auto streams with serial-reuse on the hybrid GDN model",
               ("allocator-reuse", "Kcur-3", "Qcur_rope-3"), Strategy(graphs=True, streams="auto"),

@@ -24,11 +24,8 @@ from __future__ import annotations
 
 import html
 import threading
-import time
 import warnings
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -36,43 +33,21 @@ import ipywidgets as W
 import pandas as pd
 import plotly.graph_objects as go
 
-from ..exec.calibration import known_gpus, load_calibration
-from ..exec.run import Run
+from ..exec.backend import get_backend
+from ..exec.calibration import default_gpu, known_gpus, load_calibration
+from ..exec.cuda_backend import present_gpu_name
 from ..graph import KERNEL_FAMILIES
 from ..models import ModelConfig, load_config
 from ..models.presets import PRESETS
 from ..strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
-from ..verify import RaceReport, verify
+from ..verify import RaceReport
+from .session import Entry, LabSession, RunSettings
 from .timeline import timeline, timeline_widget
 
 #: per-family dropdown value meaning "use the global wait / trigger"
 GLOBAL = "(global)"
-#: stages of one run, for the progress bar
-STAGES = ("build + compile + execute", "stats", "race check", "draw")
-
-
-@dataclass
-class Entry:
-    """One finished run of the history: what was asked, what came back, and its race verdict."""
-
-    n: int
-    model: str
-    backend: str
-    gpu: str
-    strategy: Strategy
-    run: Run
-    races: RaceReport | None
-    seconds: float
-    settings: dict[str, Any] = field(default_factory=dict)
-
-    @property
-    def label(self) -> str:
-        where = f"{self.gpu}/{self.settings.get('host')}" if self.backend == "sim" else self.backend
-        return f"#{self.n} {self.model} {self.strategy.label()} @{where}"
-
-    @property
-    def us_per_token(self) -> float:
-        return float(self.run.stats.get("us_per_token", float("nan")))
+#: stages of one run, for the progress bar (the token stage advances per token)
+STAGES = ("plan", "weights", "tokens", "race check", "draw")
 
 
 class ControlPanel:
@@ -85,17 +60,14 @@ class ControlPanel:
     """
 
     def __init__(self, model: str = "llama-3.2-1b", *, layers: int | None = None, context: int = 512,
-                 position: int = 0, tokens: int = 8, backend: str | None = None, gpu: str = "h100",
+                 position: int = 0, tokens: int = 8, backend: str | None = None, gpu: str | None = None,
                  host: str | None = None, strategy: Strategy | None = None, auto: bool = False,
                  race_check: bool = True, history_size: int = 8, out_dir: str | Path = "exports",
                  figure_width: int = 1150) -> None:
-        self.history: deque[Entry] = deque(maxlen=history_size)
-        self.baseline: Entry | None = None
-        self.shown: Entry | None = None
+        self.session = LabSession(history_size)
         self.out_dir = Path(out_dir)
         self.figure_width = figure_width
         self.last_error: str | None = None
-        self._n = 0
         self._quiet = 0
         self._lock = threading.Lock()
         self._cv = threading.Condition()
@@ -120,8 +92,8 @@ class ControlPanel:
         offered = available_backends()
         self.backend = W.Dropdown(options=offered, value=backend or offered[0], description="backend",
                                   style=style, layout=wide)
-        self.gpu = W.Dropdown(options=known_gpus(), value=gpu, description="calibration", style=style,
-                              layout=wide)
+        self.gpu = W.Dropdown(options=known_gpus(), value=gpu or default_gpu(present_gpu_name())[0],
+                              description="calibration", style=style, layout=wide)
         self.host = W.Dropdown(options=[], description="host profile", style=style, layout=wide)
         self._fill_hosts(host)
         # -- strategy ----------------------------------------------------------------------
@@ -149,7 +121,8 @@ class ControlPanel:
                                      layout=W.Layout(width="110px"))
         self.run_button = W.Button(description="Run", button_style="primary", icon="play")
         self.pin_button = W.Button(description="Pin as baseline", icon="thumb-tack")
-        self.progress = W.IntProgress(value=0, min=0, max=len(STAGES), layout=W.Layout(width="160px"))
+        self.progress = W.IntProgress(value=0, min=0, max=100, layout=W.Layout(width="160px"))
+        self.progress_label = W.Label(layout=W.Layout(width="150px"))
         self.status = W.HTML()
         self.summary = W.HTML()
         self.history_select = W.Dropdown(options=[], description="show", style={"description_width": "40px"},
@@ -211,11 +184,23 @@ class ControlPanel:
     def config(self) -> ModelConfig:
         return load_config(self.model.value, layers=self.layers.value or None, context=self.context.value)
 
-    def settings(self) -> dict[str, Any]:
+    def settings(self) -> RunSettings:
         """Model and backend settings of the next run (what the history records beside the Strategy)."""
-        return {"model": self.model.value, "layers": self.layers.value or None, "context": self.context.value,
-                "position": self.position.value, "tokens": self.tokens.value, "backend": self.backend.value,
-                "gpu": self.gpu.value, "host": self.host.value}
+        return RunSettings(model=self.model.value, layers=self.layers.value or None, context=self.context.value,
+                           position=self.position.value, tokens=self.tokens.value, backend=self.backend.value,
+                           gpu=self.gpu.value, host=self.host.value)
+
+    # the session's history, baseline and shown run, as attributes of the panel
+    history = property(lambda self: self.session.history)
+    baseline = property(lambda self: self.session.baseline)
+    shown = property(lambda self: self.session.shown)
+
+    def knob_widgets(self) -> dict[str, Any]:
+        """Strategy field -> its widget(s): one entry per knob of ``strategy.knobs.KNOBS``."""
+        return {"sync": self.sync, "graphs": self.graphs, "streams": self.streams, "max_streams": self.max_streams,
+                "pdl": self.pdl, "pdl_wait": self.pdl_wait, "pdl_trigger": self.pdl_trigger,
+                "pdl_families": (self.family_wait, self.family_trigger), "fusion": self.fusion,
+                "allocator": self.allocator}
 
     # -------------------------------------------------------------------------- running
     def run(self) -> Entry | None:
@@ -264,35 +249,22 @@ class ControlPanel:
         self.progress.value = 0
         self.progress.bar_style = "info"
         self.run_button.disabled = True
-        t0 = time.perf_counter()
         try:
             settings = self.settings()
             strategy = self.strategy()
             cfg = self.config()
             self._show_status(f"running {html.escape(cfg.name)} · {html.escape(strategy.label())} "
-                              f"on {settings['backend']} …")
+                              f"on {settings.backend} …")
             with warnings.catch_warnings(record=True) as caught:
                 warnings.simplefilter("always")
-                run = run_model(cfg, strategy, tokens=settings["tokens"], position=settings["position"],
-                                backend=settings["backend"], gpu=settings["gpu"], host=settings["host"])
-            self.progress.value = 2
-            races = None
-            if self.race_check.value and run.plan is not None:
-                self._show_status("race check …")
-                races = verify(run.plan, tokens=2)
-            self.progress.value = 3
-            self._n += 1
-            entry = Entry(self._n, cfg.name, run.backend, settings["gpu"], strategy, run, races,
-                          time.perf_counter() - t0, settings)
-            self.history.append(entry)
-            if self.baseline is None:
-                self.baseline = entry
+                entry = run_session(self.session, settings, strategy, cfg, self.race_check.value, self._progress)
+            self._stage("draw")
             self.show(entry)
-            self.progress.value = len(STAGES)
+            self.progress.value = self.progress.max
             self.progress.bar_style = "success"
-            notes = sorted({str(w.message) for w in caught})
+            notes = sorted({str(w.message) for w in caught} | set(entry.run.meta.get("notes", ())))
             self.last_error = None
-            self._show_status(f"run #{entry.n} done in {entry.seconds:.2f} s on {html.escape(run.device)}"
+            self._show_status(f"run #{entry.n} done in {entry.seconds:.2f} s on {html.escape(entry.run.device)}"
                               + "".join(f"<br>⚠ {html.escape(n)}" for n in notes))
             return entry
         except Exception as e:  # noqa: BLE001 - the panel must survive any failure and show it
@@ -304,11 +276,22 @@ class ControlPanel:
             return None
         finally:
             self.run_button.disabled = False
+            self.progress_label.value = ""
+
+    def _stage(self, stage: str) -> None:
+        self._progress(stage, 0, 0)
+
+    def _progress(self, stage: str, done: int, total: int) -> None:
+        """Progress of the running job: stages split the bar, the token stage advances per token."""
+        k = STAGES.index(stage) if stage in STAGES else STAGES.index("tokens")
+        frac = (k + (done / total if total else 0.0)) / len(STAGES)
+        self.progress.value = max(self.progress.value, int(100 * frac))
+        self.progress_label.value = f"{stage} {done}/{total}" if total else stage
 
     # -------------------------------------------------------------------------- showing
     def show(self, entry: Entry) -> None:
         """Show ``entry`` (any run of the history): timeline, comparison, stats, races."""
-        self.shown = entry
+        self.session.shown = entry
         title = f"{entry.label} · {entry.run.device}"
         fig = timeline_widget(timeline(entry.run.trace, title=title).update_layout(width=self.figure_width))
         old, self.figure = self.figure, fig
@@ -324,34 +307,18 @@ class ControlPanel:
         if entry is None:
             self._show_status("nothing to pin yet: run first")
             return
-        self.baseline = entry
+        self.session.pin(entry)
         self._show_compare()
         self._refresh_tables()
         self._show_status(f"baseline is now {html.escape(entry.label)}")
 
     def speedup(self, entry: Entry | None = None) -> float:
         """Baseline time per token over the entry's (> 1: the entry is faster)."""
-        entry = entry or self.shown
-        if entry is None or self.baseline is None:
-            return float("nan")
-        return self.baseline.us_per_token / entry.us_per_token
+        return self.session.speedup(entry)
 
     def stats_table(self) -> pd.DataFrame:
         """One row per run of the history, with the speedup against the baseline."""
-        rows = []
-        for e in self.history:
-            s = e.run.stats
-            rows.append({
-                "run": e.n, "model": e.model, "backend": e.backend, "strategy": e.strategy.label(),
-                "µs/token": s.get("us_per_token"), "tokens/s": s.get("tokens_per_s"),
-                "kernels/token": s.get("kernels_per_token"), "launches/token": s.get("launches_per_token"),
-                "syncs/token": s.get("syncs_per_token"), "GPU busy": s.get("gpu_busy_fraction"),
-                "memory MiB": s.get("memory_bytes", float("nan")) / 2**20,
-                "speedup": self.speedup(e),
-                "races": "not checked" if e.races is None else len(e.races.races),
-                "baseline": "◀" if e is self.baseline else "",
-            })
-        return pd.DataFrame(rows)
+        return self.session.stats_table()
 
     def _show_compare(self) -> None:
         base, cur = self.baseline, self.shown
@@ -402,18 +369,12 @@ class ControlPanel:
     def export(self, fmt: str) -> Path | None:
         """Write the shown run as ``html``, ``png``, ``svg`` (its timeline) or ``json``
         (Perfetto trace) under ``out_dir``; the path, or None with the error shown."""
-        from .export import export
-
         e = self.shown
         if e is None:
             self.export_status.value = "nothing to export yet: run first"
             return None
-        slug = f"{e.model}_{e.strategy.label()}_run{e.n}".replace("/", "-").replace("(", "").replace(")", "")
-        path = self.out_dir / f"{slug.replace(',', '-')}.{fmt}"
         try:
-            self.out_dir.mkdir(parents=True, exist_ok=True)
-            obj = e.run.trace if fmt == "json" else timeline(e.run.trace, title=e.label)
-            out = export(obj, path).resolve()
+            out = self.session.export(e, fmt, self.out_dir)
         except Exception as err:  # noqa: BLE001
             self.export_status.value = f"<span style='color:#b00020'>export failed: {html.escape(str(err))}</span>"
             return None
@@ -482,7 +443,8 @@ class ControlPanel:
         families = W.Accordion([W.GridBox(grid, layout=W.Layout(grid_template_columns="110px 120px 150px"))])
         families.set_title(0, "PDL placement per kernel family")
         families.selected_index = None
-        actions = W.HBox([self.run_button, self.progress, self.auto, self.race_check, self.pin_button],
+        actions = W.HBox([self.run_button, self.progress, self.progress_label, self.auto, self.race_check,
+                          self.pin_button],
                          layout=W.Layout(align_items="center"))
         exports = W.HBox([W.Label("export shown run:"), *self.export_buttons.values(), self.export_status],
                          layout=W.Layout(align_items="center"))
@@ -501,31 +463,13 @@ class ControlPanel:
 
 def available_backends() -> list[str]:
     """Backends the panel offers: ``cuda`` first where a GPU is present, ``sim`` always."""
-    from ..bench import cuda_available
-
-    return ["cuda", "sim"] if cuda_available()[0] else ["sim"]
+    return ["cuda", "sim"] if get_backend("cuda").available()[0] else ["sim"]
 
 
-def run_model(model: str | ModelConfig, strategy: Strategy | None = None, *, tokens: int = 8, layers: int | None = None,
-              context: int | None = None, position: int = 0, backend: str | None = None, gpu: str = "h100",
-              host: str | None = None, seed: int = 0) -> Run:
-    """Run ``tokens`` decode steps of ``model`` (a preset name, a config path or a ModelConfig)
-    under ``strategy`` through the same dispatch as ``workbench run`` (same token ids for the
-    same seed). ``backend`` None: ``cuda`` where a GPU is present, else ``sim`` (with the
-    ``gpu`` calibration and ``host`` profile)."""
-    import argparse
-
-    import numpy as np
-
-    from ..bench import run_backend
-
-    cfg = model if isinstance(model, ModelConfig) else load_config(model, layers=layers, context=context)
-    ids = [int(t) for t in np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)]
-    # on a GPU the panel's timeline is a CUPTI trace: graph replays as one span per launch, the
-    # last 2 tokens kernel by kernel (what `workbench run --trace` does by default)
-    args = argparse.Namespace(start_pos=position, gpu=gpu, host_profile=host, seed=seed, trace=True,
-                              node_tokens="2", kernels="cupy")
-    return run_backend(backend or available_backends()[0], cfg, strategy or Strategy(), ids, args)
+def run_session(session: LabSession, settings: RunSettings, strategy: Strategy, cfg: ModelConfig,
+                race_check: bool, progress: Any) -> Entry:
+    """One run of the panel (a module function so tests can make it fail)."""
+    return session.run(settings, strategy, race_check=race_check, progress=progress, config=cfg)
 
 
 def _verdict(report: RaceReport | None) -> str:

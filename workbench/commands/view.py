@@ -46,10 +46,10 @@ def main(args: argparse.Namespace) -> int:
     out = args.out or (None if args.summary or args.analysis else f"{path.name.split('.')[0]}.html")
     if out is None:
         return 0
-    from .export import export
+    from ..view.export import export
 
     if args.compare:
-        from .compare import compare
+        from ..view.compare import compare
 
         if Path(out).suffix.lower() == ".json":
             raise ValueError("--compare draws a figure: write it as .html, .png or .svg, not Perfetto .json")
@@ -64,7 +64,7 @@ def main(args: argparse.Namespace) -> int:
     elif Path(out).suffix.lower() == ".json":
         obj = trace
     else:
-        from .timeline import timeline
+        from ..view.timeline import timeline
 
         obj = timeline(trace, title=args.title or path.name)
     written = export(obj, out)

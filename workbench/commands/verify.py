@@ -8,27 +8,26 @@ import json
 import sys
 import warnings
 
-from ..bench import add_model_args, config_from_args, strategy_from_args
+from .flags import add_model_strategy_args, config_from_args, strategy_from_args
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    add_model_args(p)
+    add_model_strategy_args(p)
     p.add_argument("--tokens", type=int, default=2, help="consecutive tokens to unroll (default 2)")
     p.add_argument("--limit", type=int, default=20, help="races printed in full (the rest are summarised)")
     p.add_argument("--json", action="store_true", help="print one JSON object with races and checked_pairs")
 
 
 def main(args: argparse.Namespace) -> int:
-    from ..models import build_graph
-    from ..strategy.compile import compile_plan
+    from ..strategy.steps import plan_for
     from ..strategy.strategy import UnsafeStrategyWarning
-    from . import verify
+    from ..verify import verify
 
     cfg = config_from_args(args)
-    strategy = strategy_from_args(args)
+    strategy = strategy_from_args(args, "workbench verify")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always", UnsafeStrategyWarning)
-        plan = compile_plan(build_graph(cfg), strategy)
+        plan = plan_for(cfg, strategy)
     for w in caught:
         print(f"workbench verify: warning: {w.message}", file=sys.stderr)
     report = verify(plan, tokens=args.tokens, label=f"{cfg.name} {strategy.label()}")

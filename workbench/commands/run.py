@@ -1,0 +1,200 @@
+"""``workbench run``: decode steps of a model under a strategy, on the simulator, a GPU, NumPy
+or llama.cpp, through ``workbench.run``. Without ``--backend`` it uses ``cuda`` when a CUDA GPU
+and CuPy are present and the calibrated simulator otherwise, and says which on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+from ..api import run
+from ..exec.backend import backends
+from ..exec.calibration import known_gpus
+from ..models import ModelConfig
+from ..strategy import Strategy
+from .flags import add_model_strategy_args, config_from_args, strategy_from_args
+from .progress import ProgressBar
+
+TRACE_SUFFIXES = (".json", ".csv", ".parquet", ".html", ".png", ".svg", ".pdf")
+
+
+def configure(p: argparse.ArgumentParser) -> None:
+    add_model_strategy_args(p)
+    p.add_argument("--tokens", type=int, default=8, help="decode steps to run (default 8)")
+    p.add_argument("--start-pos", type=int, default=0, help="position of the first step (default 0)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and token ids")
+    p.add_argument("--backend", choices=backends(),
+                   help="sim (calibrated simulator), cuda (CuPy on a GPU), reference (NumPy) or llamacpp; "
+                        "default: cuda when a CUDA GPU and CuPy are present, else sim")
+    p.add_argument("--kernels", choices=("cupy", "numba"), default=None,
+                   help="cuda backend: CUDA C kernels (cupy, default) or Numba kernels for the elementwise/norm ops")
+    p.add_argument("--gpu", default=None, help=f"simulator calibration: {', '.join(known_gpus())} (default: the "
+                                               "GPU present, else the measured h200 file)")
+    p.add_argument("--host-profile", help="simulator host profile (default: the calibration's, 'python'); "
+                                          "e.g. llama.cpp, llama.cpp-windows")
+    p.add_argument("--trace", metavar="FILE", help=f"write the trace ({', '.join(TRACE_SUFFIXES)})")
+    p.add_argument("--node-tokens", default=None, metavar="N|all",
+                   help="cuda backend with --graphs: trace the last N tokens kernel by kernel and the others as "
+                        "one span per graph launch (like nsys --cuda-graph-trace=graph); 'all' traces every "
+                        "token per kernel, at a cost measured in data/bench/trace_overhead_h200.md. Default 2")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def node_tokens_from_arg(text: str) -> int | None:
+    """``--node-tokens``: a count of tokens, or ``all`` (None: every token per kernel)."""
+    if str(text).strip().lower() == "all":
+        return None
+    try:
+        n = int(text)
+    except ValueError:
+        raise ValueError(f"--node-tokens {text!r}: give a number of tokens (e.g. 2) or 'all'") from None
+    if n < 0:
+        raise ValueError(f"--node-tokens {n}: must be >= 0 (0 = graph-level spans only) or 'all'")
+    return n
+
+
+#: backend options of this command: flag dest -> (backend, option name, parse)
+BACKEND_FLAGS = {
+    "gpu": ("sim", "gpu", str),
+    "host_profile": ("sim", "host", str),
+    "kernels": ("cuda", "kernels", str),
+    "node_tokens": ("cuda", "node_tokens", node_tokens_from_arg),
+}
+
+
+def backend_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
+    """The options of ``backend`` from the flags; a notice for each flag another backend reads."""
+    out = {}
+    for dest, (owner, name, parse) in BACKEND_FLAGS.items():
+        value = getattr(args, dest, None)
+        if value is None:
+            continue
+        if owner != backend:
+            flag = "--" + dest.replace("_", "-")
+            print(f"workbench run: notice: {flag} has no effect on the {backend} backend (it is a {owner} option)",
+                  file=sys.stderr)
+            continue
+        out[name] = parse(value)
+    return out
+
+
+def write_trace(trace, path: str | Path) -> Path:
+    """Write a trace by suffix: .json (Perfetto), .csv, .parquet, or a drawn timeline (.html, .png, ...)."""
+    path = Path(path)
+    suffix = path.suffix.lower()
+    if suffix == ".csv":
+        trace.events.to_csv(path, index=False)
+        return path
+    if suffix == ".parquet":
+        if importlib.util.find_spec("pyarrow") is None:
+            raise RuntimeError(f"writing {path.name} needs pyarrow (pip install pyarrow); or use .csv / .json")
+        trace.events.to_parquet(path, index=False)
+        return path
+    if suffix in TRACE_SUFFIXES:
+        from ..view.export import export
+
+        return export(trace, path)
+    raise ValueError(f"--trace {path.name}: unknown format {suffix or '(none)'!r}; use one of "
+                     f"{', '.join(TRACE_SUFFIXES)}")
+
+
+def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) -> dict[str, Any]:
+    """The ``--json`` object."""
+    s = run.stats
+    out: dict[str, Any] = {
+        "model": cfg.name, "layers": cfg.n_layer, "context": cfg.context, "backend": run.backend,
+        "device": run.device, "strategy": strategy.to_dict(), "strategy_label": strategy.label(),
+        "tokens": s.get("tokens", 0), "start_pos": args.start_pos,
+    }
+    for key in ("us_per_token", "tokens_per_s", "kernels_per_token", "launches_per_token", "syncs_per_token",
+                "gpu_busy_fraction", "host_gap_us_per_token"):
+        out[key] = s.get(key)
+    out["memory_bytes"] = s.get("memory_bytes", run.plan.memory_bytes if run.plan else None)
+    if run.backend == "sim":
+        cal = run.meta["calibration"]
+        out["gpu"], out["host_profile"] = cal.gpu, cal.host_profile
+    out["largest_host_gaps"] = s.get("largest_host_gaps", [])
+    if "logits_finite" in s:
+        out["logits_finite"] = s["logits_finite"]
+    if args.trace:
+        out["trace"] = str(args.trace)
+        for key in ("graph_trace", "node_tokens", "us_per_token_graph_level"):
+            if key in s:
+                out[key] = s[key]
+    return _finite(out)
+
+
+def _finite(x: Any) -> Any:
+    """NaN/inf become null so the output is strict JSON."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: _finite(v) for k, v in x.items()}
+    if isinstance(x, list | tuple):
+        return [_finite(v) for v in x]
+    if hasattr(x, "item") and callable(x.item):  # numpy scalars
+        return _finite(x.item())
+    return x
+
+
+def describe(out: dict[str, Any]) -> str:
+    """Human-readable summary of the ``--json`` object."""
+    lines = [f"{out['model']} ({out['layers']} layers, context {out['context']}) on {out['device']}",
+             f"strategy {out['strategy_label']}: " + " ".join(
+                 f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in out["strategy"].items()
+                 if k != "pdl_families" or v)]
+    if out.get("us_per_token") is not None:
+        lines.append(f"{out['tokens']} tokens: {out['us_per_token']:.1f} us/token "
+                     f"({out['tokens_per_s']:.1f} tokens/s); per token {out['kernels_per_token']:.0f} kernels, "
+                     f"{out['launches_per_token']:.0f} launches, "
+                     f"{out['syncs_per_token']:.0f} syncs; GPU busy {100 * out['gpu_busy_fraction']:.1f}%; "
+                     f"host-caused GPU idle {out['host_gap_us_per_token']:.1f} us/token")
+    else:
+        lines.append(f"{out['tokens']} tokens (no timing from the {out['backend']} backend)")
+    if out.get("memory_bytes") is not None:
+        lines.append(f"memory {out['memory_bytes'] / 2**20:.1f} MiB "
+                     "(weights, caches, inputs/outputs and scratch arena)")
+    for g in out.get("largest_host_gaps") or []:
+        lines.append(f"  host gap {g['gap_us']:.1f} us in token {g['token']}: {g['before']} -> {g['after']} "
+                     f"(waiting for {g['api']}; host: {g['host_calls']})")
+    if "logits_finite" in out:
+        lines.append(f"logits finite: {out['logits_finite']}")
+    if out.get("trace"):
+        lines.append(f"trace written to {out['trace']}")
+        if out.get("graph_trace") == "graph":
+            lines.append(f"  graph replays traced as one span per launch, kernel by kernel in tokens "
+                         f"{out.get('node_tokens') or 'none'} (--node-tokens); graph-level tokens: "
+                         f"{out.get('us_per_token_graph_level') or float('nan'):.1f} us/token")
+    return "\n".join(lines)
+
+
+def main(args: argparse.Namespace) -> int:
+    cfg = config_from_args(args)
+    strategy = strategy_from_args(args, "workbench run")
+    if args.tokens < 1:
+        raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
+    if args.trace:
+        suffix = Path(args.trace).suffix.lower()
+        if suffix not in TRACE_SUFFIXES:
+            raise ValueError(f"--trace {args.trace}: unknown format {suffix or '(none)'!r}; use one of "
+                             f"{', '.join(TRACE_SUFFIXES)}")
+    backend = args.backend
+    if backend is None:
+        from ..api import default_backend
+
+        backend, why = default_backend()
+        print(f"workbench run: backend {backend} ({why}; choose with --backend)", file=sys.stderr)
+    with ProgressBar() as progress:
+        result_run = run(cfg, strategy, tokens=args.tokens, backend=backend, start_pos=args.start_pos,
+                         seed=args.seed, trace=bool(args.trace), progress=progress, **backend_options(args, backend))
+    if args.trace:
+        write_trace(result_run.trace, args.trace)
+    out = result(cfg, strategy, result_run, args)
+    print(json.dumps(out) if args.json else describe(out))
+    return 0

@@ -1,0 +1,142 @@
+"""Kernel durations: ``fixed_ns + work_scale x roofline`` fitted per ggml op (and per executor
+kernel where an op ran on several) and per kernel family, to the calibration models' measured
+kernels less what CUPTI's tracing adds to each."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...strategy.steps import plan_for
+from ..calibration import Calibration
+from ..cost import executor_kernel, kernel_cost
+from .specs import CALIBRATION_STRATEGIES, GRAPH_RUNS, GRAPHS, ModelSpec
+from .tables import nan_median
+
+#: measured kernels an op (or an op's executor kernel) needs for a fit of its own; with fewer it
+#: takes its kernel family's
+MIN_OP_KERNELS = 3
+
+
+@dataclass(frozen=True)
+class KernelFit:
+    """``duration ~ fixed_ns + work_scale x roofline`` for one group of kernels, how it was
+    fitted (``how``, for the calibration's sources) and its median relative error."""
+
+    fixed_ns: float
+    work_scale: float
+    median_rel_err: float
+    how: str
+
+
+def fit_kernels(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 0.0) -> KernelFit:
+    """``duration ~ fixed + scale x roofline`` by least squares in *absolute* error.
+
+    Absolute, not relative, because what the simulator must reproduce is us/token, a sum of
+    kernel durations: with an intercept the residuals of an absolute fit sum to zero, so the
+    fitted kernels' total time over the calibration tokens comes out exact, and each kernel
+    weighs by its duration (a 150 us lm_head mat-vec counts for what its time is worth, not as
+    one of a hundred 2 us kernels). A relative fit weighs every kernel alike and lets the few big
+    ones, most of a token, drift. The price: small kernels sharing a fit with big ones get larger
+    relative errors, so kernels that differ in kind are fitted apart (per op, and per executor
+    kernel where an op has several).
+
+    Where the roofline varies by less than a tenth of the typical duration (one size, or sizes
+    the roofline cannot tell apart) the slope is not identifiable: the roofline is kept (scale 1)
+    and only the fixed part is fitted. Where durations fall as the roofline grows, a constant."""
+    d, r = np.asarray(durations, float), np.asarray(roofline, float)
+    sizes = len(np.unique(np.round(r, 3)))
+    how = f"least-squares fit (absolute error) of fixed + scale x roofline to {len(d)} kernels ({sizes} sizes)"
+    if len(d) >= 2 and np.ptp(r) > 0.1 * np.median(d):
+        A = np.stack([np.ones_like(r), r], axis=1)
+        (fixed, scale), *_ = np.linalg.lstsq(A, d, rcond=None)
+    else:
+        fixed, scale = float(np.mean(d - r)), 1.0
+        how = (f"mean of duration - roofline over {len(d)} kernels ({sizes} sizes; roofline spread {np.ptp(r):.0f} ns, "
+               "under a tenth of a typical duration: no slope fitted, scale 1)")
+    if scale <= 0:
+        fixed, scale = float(np.mean(d)), 0.0
+        how = (f"mean duration of {len(d)} kernels ({sizes} sizes; durations do not grow with the roofline: "
+               "a constant, scale 0)")
+    if fixed < min_fixed:  # keep the fixed part >= what PDL overlaps; refit the slope
+        fixed = min_fixed
+        scale = max(0.0, float(np.sum(r * (d - fixed)) / max(np.sum(r * r), 1e-30)))
+        how += f", fixed part held at its floor {min_fixed:.0f} ns (pdl_prologue_ns + pdl_first_read_setup_ns)"
+    pred = fixed + scale * r
+    return KernelFit(float(fixed), float(scale), float(np.median(np.abs(pred - d) / d)), how)
+
+
+def fit_groups(kern: pd.DataFrame, by: str, label: str, min_kernels: int, min_fixed: float,
+                what: str) -> tuple[dict[str, tuple[dict[str, float], str]], list[dict[str, Any]]]:
+    """A ``fit_kernels`` per value of column ``by`` with at least ``min_kernels`` kernels:
+    ``{name: ({fixed_ns, work_scale}, source text)}`` and report rows (``label``: the name's key
+    there). ``what`` says where the durations come from."""
+    fits, report = {}, []
+    for name, grp in kern.groupby(by):
+        if len(grp) < min_kernels:
+            continue
+        f = fit_kernels(grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy(), min_fixed)
+        fits[str(name)] = ({"fixed_ns": round(f.fixed_ns, 1), "work_scale": round(f.work_scale, 4)},
+                           f"{f.how} {what}; median fit error {100 * f.median_rel_err:.1f}%")
+        report.append({label: str(name), "kernels": len(grp), "sizes": int(grp["roofline_ns"].round(3).nunique()),
+                       "fixed_ns": f.fixed_ns, "work_scale": f.work_scale, "median_rel_err": f.median_rel_err,
+                       "measured_us": float(grp["duration_ns"].sum() / 1e3)})
+    return fits, report
+
+
+def _spec_plans(kt: pd.DataFrame, strategy: str) -> Iterable[tuple[tuple, pd.DataFrame, dict[str, Any]]]:
+    """Per calibration model in the kernel table: its rows under ``strategy`` and its Plan's
+    nodes by name."""
+    keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
+    for key, grp in kt[kt["strategy"] == strategy].groupby(keys, dropna=False):
+        spec = ModelSpec.from_columns(*key)
+        cfg = spec.config()
+        plan = plan_for(cfg, CALIBRATION_STRATEGIES[strategy], cfg.kv_len(spec.pos))
+        yield key, grp, {la.node.name: la.node for la in plan.launches}
+
+
+def measured_kernels(raw: Mapping[str, Any], cal: Calibration, cupti_ns: float = 0.0,
+                     strategy: str = GRAPHS) -> pd.DataFrame:
+    """Every Plan node's kernel measured under ``strategy`` in the calibration models: its op,
+    family, the kernel the cuda executor binds for it (``cost.executor_kernel``: the same name
+    the simulator looks its fit up by), its measured ``duration_ns`` less ``cupti_ns`` (what
+    CUPTI adds per traced kernel), and its ``roofline_ns`` on ``cal`` (alone, at its cap) and
+    ``predicted_ns`` (``kernel_cost(node, cal).duration_ns``)."""
+    rows = []
+    for _, grp, nodes in _spec_plans(pd.DataFrame(raw["kernels"]), strategy):
+        for r in grp.itertuples():
+            node = nodes.get(r.node)
+            if node is None:
+                continue
+            c = kernel_cost(node, cal)
+            rows.append({"model": r.model, "node": r.node, "op": node.op, "family": node.family,
+                         "kernel": executor_kernel(node) or r.name, "duration_ns": r.duration_ns - cupti_ns,
+                         "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
+                         "predicted_ns": c.duration_ns})
+    return pd.DataFrame(rows, columns=["model", "node", "op", "family", "kernel", "duration_ns", "roofline_ns",
+                                       "predicted_ns"])
+
+
+def cupti_kernel_ns(raw: Mapping[str, Any]) -> float:
+    """What CUPTI tracing adds per kernel under graph replay (0 where the raw file cannot say):
+    median over the graph-replay calibration runs of (traced - untraced us/token - (traced -
+    untraced host-call time per token)) / kernels per token."""
+    runs, api, ho, kt = (pd.DataFrame(raw.get(k, [])) for k in ("runs", "api", "host_ops", "kernels"))
+    if runs.empty or ho.empty or "untraced_us_per_token" not in runs or "duration_ns" not in ho:
+        return 0.0
+    api = api.assign(dur=api["end_ns"] - api["start_ns"])
+    per = []
+    for r in runs[runs["strategy"].isin(GRAPH_RUNS)].itertuples():
+        a = api[(api["model"] == r.model) & (api["strategy"] == r.strategy)]
+        h = ho[(ho["model"] == r.model) & (ho["strategy"] == r.strategy)]
+        n = len(kt[(kt["model"] == r.model) & (kt["strategy"] == r.strategy)])
+        if a.empty or h.empty or not n or r.untraced_us_per_token != r.untraced_us_per_token:
+            continue
+        calls = a.groupby("token")["dur"].sum().median() - h.groupby("token")["duration_ns"].sum().median()
+        per.append(((r.host_us_per_token - r.untraced_us_per_token) * 1e3 - calls) / n)
+    v = nan_median(per)
+    return v if v > 0 else 0.0

@@ -1,0 +1,70 @@
+"""What the calibration measures: the model shapes and the strategies of its executor runs."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Final
+
+from ...models import ModelConfig, load_config
+from ...strategy import Strategy
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    """A model shape the calibration (or the fidelity report) runs: preset, layers, context, and
+    the position of the first decode step (which sets the attended KV length)."""
+
+    model: str
+    layers: int | None = None
+    context: int | None = None
+    pos: int = 0
+
+    @classmethod
+    def from_columns(cls, model: str, layers: Any, context: Any, pos: Any = 0) -> ModelSpec:
+        """A spec from the ``spec_*`` columns of a raw table, where a missing value is NaN."""
+        return cls(model, None if layers != layers or layers is None else int(layers),
+                   None if context != context or context is None else int(context), int(pos))
+
+    def config(self) -> ModelConfig:
+        return load_config(self.model, layers=self.layers, context=self.context)
+
+    @property
+    def label(self) -> str:
+        parts = [self.model]
+        if self.layers:
+            parts.append(f"L{self.layers}")
+        if self.context:
+            parts.append(f"ctx{self.context}")
+        if self.pos:
+            parts.append(f"pos{self.pos}")
+        return "/".join(parts)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"model": self.model, "layers": self.layers, "context": self.context, "pos": self.pos}
+
+
+#: dense Llama shapes at two sizes and two KV lengths: mat-vecs from 512 x 2048 to 14336 x 4096,
+#: attention over 256 and 2048 rows
+CALIBRATION_MODELS = (
+    ModelSpec("llama-3.2-1b", 4, 512),
+    ModelSpec("llama-3.1-8b", 2, 2048, 1800),
+)
+
+# The labels of the calibration runs: the ``strategy`` column of the raw tables (so recorded
+# raw files keep reading), each naming one entry of CALIBRATION_STRATEGIES.
+EAGER: Final = "eager"
+EAGER_PDL: Final = "eager+pdl"
+EAGER_QKV: Final = "eager+qkv+boundary"
+GRAPHS: Final = "graphs+boundary"
+GRAPHS_PDL: Final = "graphs+pdl+implicit"
+
+#: the strategies whose traces give each host cost and the PDL boundaries
+CALIBRATION_STRATEGIES: dict[str, Strategy] = {
+    EAGER: Strategy(),
+    EAGER_PDL: Strategy(pdl=True),
+    EAGER_QKV: Strategy(streams="qkv", sync="boundary"),
+    GRAPHS: Strategy(graphs=True, sync="boundary"),
+    GRAPHS_PDL: Strategy(graphs=True, pdl=True, sync="implicit"),
+}
+#: the runs that replay CUDA graphs (what CUPTI's per-kernel cost is measured on)
+GRAPH_RUNS = (GRAPHS, GRAPHS_PDL)

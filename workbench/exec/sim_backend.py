@@ -1,0 +1,70 @@
+"""The ``sim`` backend: the Plans of a run through the calibrated discrete-event simulator."""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+
+from .backend import RunRequest
+from .calibration import Calibration, default_gpu, load_calibration
+from .run import Run
+from .sim import simulate
+
+_said: set[str] = set()
+
+
+@dataclass(frozen=True)
+class SimOptions:
+    """``gpu``: calibration name (None: the GPU present, else the best measured file, said on
+    stderr); ``host``: host profile (None: the file's default); ``calibration``: a Calibration
+    object instead of a name; ``memo``: replay memoised graph tokens (same result, faster)."""
+
+    gpu: str | None = None
+    host: str | None = None
+    calibration: Calibration | None = None
+    memo: bool = True
+
+
+def resolve_calibration(opts: SimOptions) -> Calibration:
+    if opts.calibration is not None:
+        return opts.calibration if opts.host is None else opts.calibration.with_host(opts.host)
+    gpu = opts.gpu
+    if gpu is None:
+        from .cuda_backend import present_gpu_name
+
+        gpu, why = default_gpu(present_gpu_name())
+        note = f"workbench: simulating with the {gpu} calibration ({why}; choose with --gpu)"
+        if note not in _said:  # once per process, not once per lab toggle
+            _said.add(note)
+            print(note, file=sys.stderr)
+    return load_calibration(gpu, opts.host)
+
+
+class SimBackend:
+    """Simulated timing of the Plans; no values (``Run.logits`` is None)."""
+
+    name = "sim"
+    Options = SimOptions
+
+    def available(self) -> tuple[bool, str]:
+        return True, "the simulator runs anywhere"
+
+    def compute_capability(self, options: SimOptions) -> tuple[int, int] | None:
+        return resolve_calibration(options).compute_capability
+
+    def run(self, req: RunRequest) -> Run:
+        from ..trace.stats import summarize
+
+        opts: SimOptions = req.options
+        cal = resolve_calibration(opts)
+        plans = list(req.plans)
+        if cal.compute_capability:
+            req.strategy.validate(cal.compute_capability)
+        req.report("simulate", 0, len(plans))
+        trace = simulate(plans, cal, memo=opts.memo)
+        req.report("simulate", len(plans), len(plans))
+        trace.meta.update(model=req.cfg.name, strategy=req.strategy.label(), calibration=cal.gpu)
+        stats = summarize(trace)
+        stats["memory_bytes"] = max(p.memory_bytes for p in plans)
+        return Run("sim", cal.device_label, plans[-1], None, trace, stats,
+                   {"calibration": cal, "plans": plans, "start_pos": req.start_pos})
