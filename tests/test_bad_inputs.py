@@ -92,12 +92,14 @@ CONFIGS = [
     ("topk-past-experts", "qwen3-moe-tiny", {"num_experts_per_tok": 9}, ["num_experts_per_tok 9", "num_experts 8"]),
     ("bool-as-string", "llama-tiny", {"tie_word_embeddings": "false"}, ["tie_word_embeddings 'false'"]),
     ("eps-negative", "llama-tiny", {"rms_norm_eps": -1e-5}, ["rms_norm_eps -1e-05"]),
-    ("layer-types-short", "gpt-oss-tiny", {"layer_types": ["full_attention"]}, ["layer_types", "num_hidden_layers 2"]),
+    ("layer-types-short", "gpt-oss-tiny", {"layer_types": ["full_attention"]}, ["layer_types", "num_hidden_layers"]),
     ("layer-types-unknown", "qwen3-next-tiny", {"layer_types": ["dense"] * 4}, ["layer_types", "linear_attention"]),
     ("rope-factor-missing", "llama-tiny", {"rope_scaling": {"rope_type": "llama3"}}, ["rope_scaling.factor"]),
     ("rope-type-unknown", "llama-tiny", {"rope_scaling": {"rope_type": "ntk", "factor": 2.0}}, ["'ntk'"]),
     ("gdn-heads", "qwen3-next-tiny", {"linear_num_value_heads": 3}, ["linear_num_value_heads 3"]),
-    ("field-missing", "gpt-oss-tiny", {"sliding_window": None}, ["sliding_window is missing", "gpt_oss"]),
+    ("field-missing", "gpt-oss-tiny", {"hidden_size": None}, ["hidden_size is missing", "gpt_oss"]),
+    ("layers-null", "gpt-oss-tiny", {"num_hidden_layers": None}, ["num_hidden_layers"]),
+    ("layer-types-not-a-list", "gpt-oss-tiny", {"layer_types": "full_attention"}, ["layer_types"]),
     ("odd-rotary-dims", "llama-tiny", {"head_dim": 15, "num_attention_heads": 4}, ["head_dim 15", "even"]),
 ]
 

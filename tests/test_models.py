@@ -177,7 +177,7 @@ def test_unknown_preset_lists_known_ones():
     ("llama-tiny", "hidden_size"),
     ("qwen3-moe-tiny", "num_experts_per_tok"),
     ("qwen3-moe-tiny", "moe_intermediate_size"),
-    ("gpt-oss-tiny", "sliding_window"),
+    ("gpt-oss-tiny", "intermediate_size"),
     ("gpt-oss-tiny", "num_local_experts"),
 ])
 def test_config_json_missing_field_is_named(tmp_path, name, field):
@@ -200,10 +200,11 @@ def test_config_json_without_or_with_unknown_model_type(tmp_path):
 
 
 def write_gguf(path, cfg: ModelConfig, arch: str | None = None, skip: tuple[str, ...] = (),
-               tensors: bool = True) -> None:
+               tensors: bool = True, extra: dict[str, np.ndarray] | None = None) -> None:
     """A metadata GGUF for ``cfg`` with the keys llama.cpp's ``convert_hf_to_gguf.py`` writes
     (plus, with ``tensors``, the embedding and, when untied, output tensors that tell tied from
-    untied; without them the vocabulary size is written as a key and the model reads as untied)."""
+    untied; without them the vocabulary size is written as a key and the model reads as untied;
+    ``extra``: more tensors by GGUF name, e.g. ``rope_freqs.weight``)."""
     import gguf
 
     hf = cfg.hf
@@ -241,6 +242,8 @@ def write_gguf(path, cfg: ModelConfig, arch: str | None = None, skip: tuple[str,
         w.add_tensor("token_embd.weight", np.zeros((hf["vocab_size"], hf["hidden_size"]), np.float16))
         if not hf.get("tie_word_embeddings", False):
             w.add_tensor("output.weight", np.zeros((hf["vocab_size"], hf["hidden_size"]), np.float16))
+        for name, value in (extra or {}).items():
+            w.add_tensor(name, value)
     else:
         w.add_vocab_size(hf["vocab_size"])
     w.write_header_to_file()

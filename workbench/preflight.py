@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from . import validate
-from .models import PRESETS, ModelConfig, load_config
+from .models import PRESETS, ConfigError, ModelConfig, load_config
 from .models.validate import InvalidField
 from .progress import heartbeat
 from .resources import MAX_SECONDS, Estimate, check, estimate
@@ -44,11 +44,16 @@ def load_model(opts: Mapping[str, Any]) -> ModelConfig:
     validate.check_model_options(opts.get("layers"), opts.get("context"))
     spec = opts["model"]
     try:
-        return load_config(spec, layers=opts.get("layers"), context=opts.get("context"))
+        return load_config(spec, layers=opts.get("layers"), context=opts.get("context"),
+                           weight_dtype=opts.get("weight_dtype"), swa_full=opts.get("swa_full"))
     except InvalidField as e:
         if spec in PRESETS:
             raise
         raise InvalidField(spec, e.detail) from None
+    except ConfigError as e:
+        if spec in PRESETS or str(spec) in str(e):
+            raise
+        raise ConfigError(f"{spec}: {e}") from None
 
 
 def _max_seconds(opts: Mapping[str, Any]) -> float:

@@ -16,6 +16,11 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name, config.json path or .gguf path")
     p.add_argument("--layers", type=int, help="override the number of layers")
     p.add_argument("--context", type=int, help="KV cache length (default 512)")
+    p.add_argument("--weight-dtype", choices=("f16", "bf16", "f32"),
+                   help="weight storage (default f16; a bf16 checkpoint stays bf16 with bf16)")
+    p.add_argument("--swa-full", action="store_true", default=None,
+                   help="sliding-window layers keep a full-context KV cache (llama.cpp's --swa-full) "
+                        "instead of the iSWA ring of window + n_ubatch rows")
 
 
 def add_strategy_args(p: argparse.ArgumentParser) -> None:
@@ -43,7 +48,8 @@ def add_model_strategy_args(p: argparse.ArgumentParser) -> None:
 
 
 def config_from_args(args: argparse.Namespace) -> ModelConfig:
-    """The model of ``--model`` with ``--layers``/``--context``, its options range-checked first."""
+    """The model of ``--model`` with ``--layers``/``--context`` (range-checked first),
+    ``--weight-dtype`` and ``--swa-full``."""
     return load_model(vars(args))
 
 

@@ -32,7 +32,7 @@ import numpy as np
 from ..graph import View
 from ..models import ModelConfig, build_graph
 from ..models.blocks import step_input_values
-from ..models.weights import device_weight, random_weights, to_storage
+from ..models.weights import device_weight, model_weights, to_storage
 from ..strategy import HostOp, Plan, Strategy
 from ..strategy.host import kernel_launches
 from ..strategy.steps import plan_for
@@ -87,7 +87,8 @@ class CudaExecutor:
 
     def __init__(self, cfg: ModelConfig, strategy: Strategy, weights: dict[str, np.ndarray] | str | None = None,
                  seed: int = 0, kernels: str = "cupy", share: CudaExecutor | None = None) -> None:
-        """``weights``: HF-named storage arrays, None for ``random_weights(seed)`` (the reference's),
+        """``weights``: HF-named storage arrays, None for ``model_weights(cfg, seed)`` (the reference's:
+        the checkpoint's safetensors for a config read from its folder, else random),
         or ``"device"`` for the same distributions drawn on the GPU (large models in seconds);
         ``share``: an executor of the same model whose device weights this one reuses (its caches
         are zeroed here: run one executor at a time)."""
@@ -113,7 +114,10 @@ class CudaExecutor:
         self.times = StepTimes()
         self.captures = 0
         if share is not None:
-            if share.cfg.name != cfg.name or share.cfg.hf != cfg.hf or share.cfg.context != cfg.context:
+            def key(c: ModelConfig) -> tuple:
+                return c.name, c.context, c.swa_full, c.n_ubatch  # cache shapes follow these too
+
+            if key(share.cfg) != key(cfg) or share.cfg.hf != cfg.hf:
                 raise ValueError(f"cannot share device weights of {share.cfg.name} with {cfg.name}")
             self.full = share.full
             self._persistent_mem, self.persistent, self.persistent_bytes = \
@@ -165,7 +169,7 @@ class CudaExecutor:
 
             fill_random(cp, g, self.persistent, seed)
         else:
-            weights = weights if weights is not None else random_weights(g, seed)
+            weights = weights if weights is not None else model_weights(self.cfg, g, seed)
             for name, view in g.weights.items():
                 if name not in weights:
                     raise KeyError(f"no weight {name!r} supplied")

@@ -25,8 +25,10 @@ class CudaOptions:
     tokens are traced kernel by kernel and the others as one span per graph launch (like
     ``nsys --cuda-graph-trace=graph``; None = every token per kernel, whose cost is measured in
     data/bench/trace_overhead_h200.md); ``weights``: ``"device"`` (default: drawn on the GPU in
-    seconds, kept for the process and shared by every strategy of the model), ``"host"`` (the
-    reference's ``random_weights(seed)``, so logits compare with ``backend="reference"``) or
+    seconds, kept for the process and shared by every strategy of the model; a config read from
+    a checkpoint folder loads its safetensors instead), ``"host"`` (the reference's
+    ``model_weights``: the checkpoint's, else ``random_weights(seed)``, so logits compare with
+    ``backend="reference"``) or
     HF-named storage arrays; ``executor``: run on this ``CudaExecutor`` (benchmarks that manage
     their own) instead of the backend's cached one."""
 
@@ -110,6 +112,7 @@ class CudaBackend:
         """The executor of the request: reused across runs of the same model, seed, weights,
         strategy and kernel set; a new strategy shares the model's device weights; switching
         model frees the previous one's device memory. Caches are zeroed (a fresh sequence)."""
+        from ..models.weights import has_checkpoint
         from ..strategy.steps import config_key
         from .cuda import CudaExecutor
 
@@ -130,7 +133,9 @@ class CudaBackend:
         owner = self._owners.get(wkey)
         req.report("weights")
         if owner is None:
-            weights = None if opts.weights == "host" else opts.weights
+            # "host", or "device" for a config read from a checkpoint folder: its safetensors
+            checkpoint = opts.weights == "device" and has_checkpoint(req.cfg)
+            weights = None if opts.weights == "host" or checkpoint else opts.weights
             ex = CudaExecutor(req.cfg, req.strategy, weights, req.seed, opts.kernels)
             self._owners[wkey] = ex
         else:

@@ -24,12 +24,12 @@ class ReferenceBackend:
 
     def run(self, req: RunRequest) -> Run:
         from ..models import build_graph
-        from ..models.weights import random_weights
+        from ..models.weights import model_weights
         from ..trace import COLUMNS, Trace
 
         plans = list(req.plans)
         req.report("weights")
-        weights = random_weights(build_graph(req.cfg), req.seed)
+        weights = model_weights(req.cfg, build_graph(req.cfg), req.seed)  # the checkpoint's, else random
         n = len(req.token_ids)
 
         def graph_for(pos: int):

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import GraphBuilder, View
-from .config import ModelConfig
+from .config import KV_PAD, ModelConfig
+from .hf_keys import sliding_layers, sliding_window
 from .rope import rope_params, rotary_dims
 
 
@@ -31,17 +32,42 @@ def linear(b: GraphBuilder, x: View, w: View, name: str, bias: View | None = Non
 class StepInputs:
     """The host-side inputs of one decode step and the graph's views for them."""
 
-    def __init__(self, b: GraphBuilder, cfg: ModelConfig, n_kv: int, swa: bool = False) -> None:
+    def __init__(self, b: GraphBuilder, cfg: ModelConfig, n_kv: int) -> None:
         self.tokens = b.input("inp_tokens", (1,), "i32")
         self.pos = b.input("inp_pos", (1,), "i32")
         self.kv_idx = b.input("inp_kv_idx", (1,), "i64")
         self.mask = b.input("kq_mask", (n_kv,), "f32")
-        self.mask_swa = b.input("kq_mask_swa", (n_kv,), "f32") if swa else None
+        #: per layer: attends through the sliding-window mask (llama.cpp's ``kq_mask_swa``)
+        self.sliding = sliding_layers(cfg.hf)
+        #: rows of a sliding layer's cache, and how many of them a step at this n_kv reads
+        self.swa_rows = swa_cache_rows(cfg)
+        self.n_kv_swa = min(self.swa_rows, n_kv)
+        self.mask_swa = self.kv_idx_swa = None
+        if any(self.sliding):
+            self.mask_swa = b.input("kq_mask_swa", (self.n_kv_swa,), "f32")
+            ring = self.swa_rows < cfg.context
+            self.kv_idx_swa = b.input("inp_kv_idx_swa", (1,), "i64") if ring else self.kv_idx
+            b.meta.update(sliding_window=sliding_window(cfg.hf), swa_rows=self.swa_rows)
         inv_freq, attn_factor = rope_params(cfg)
         self.rope_freqs = b.const("rope_freqs", inv_freq.shape, "f32")
         b.meta["consts"] = {"rope_freqs": inv_freq}
         self.rope_attn_factor = attn_factor
         self.n_rot = rotary_dims(cfg)
+
+
+    def mask_for(self, il: int) -> View:
+        """The KQ mask layer ``il`` attends through."""
+        return self.mask_swa if self.sliding[il] else self.mask
+
+
+def swa_cache_rows(cfg: ModelConfig) -> int:
+    """Rows of a sliding-window layer's KV cache: llama.cpp's iSWA ring,
+    ``GGML_PAD(min(context, window + n_ubatch), 256)`` capped at the context, or the whole
+    context with ``swa_full`` (and for models without sliding layers)."""
+    window = sliding_window(cfg.hf)
+    if cfg.swa_full or window is None:
+        return cfg.context
+    return min(cfg.context, -(-(window + cfg.n_ubatch) // KV_PAD) * KV_PAD)
 
 
 def step_input_values(graph, token: int, pos: int) -> dict[str, np.ndarray]:
@@ -56,14 +82,21 @@ def step_input_values(graph, token: int, pos: int) -> dict[str, np.ndarray]:
         "kq_mask": mask,
     }
     if "kq_mask_swa" in graph.inputs:
-        window = graph.meta["sliding_window"]
-        out["kq_mask_swa"] = np.where((j <= pos) & (j > pos - window), 0.0, -np.inf).astype(np.float32)
+        # row r of a ring of R rows holds the latest position p <= pos with p % R == r (the
+        # full cache is the ring with R = context): visible while p >= 0 and pos - p < window
+        window, rows = graph.meta["sliding_window"], graph.meta["swa_rows"]
+        r = np.arange(graph.inputs["kq_mask_swa"].shape[0])
+        held = pos - (pos - r) % rows
+        out["kq_mask_swa"] = np.where((held >= 0) & (pos - held < window), 0.0, -np.inf).astype(np.float32)
+        if "inp_kv_idx_swa" in graph.inputs:
+            out["inp_kv_idx_swa"] = np.array([pos % rows], np.int64)
     return out
 
 
 def attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, q: View, k: View, v: View,
               n_kv: int, mask: View, sinks: View | None = None) -> View:
-    """RoPE on q/k, store k/v rows into the layer's cache (SET_ROWS), attend over ``n_kv`` rows.
+    """RoPE on q/k, store k/v rows into the layer's cache (SET_ROWS), attend over ``n_kv`` rows
+    (a sliding layer: its own cache of ``inp.swa_rows`` rows, ``inp.n_kv_swa`` of them read).
 
     ``q``: [n_head, hd]; ``k``/``v``: [n_kv_head, hd] (already normed where the family does).
     Returns the attention output [1, n_head * hd].
@@ -74,10 +107,12 @@ def attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, q: Vi
     q = b.op("ROPE", f"Qcur_rope-{il}", [q, inp.pos, inp.rope_freqs], q.shape, **rope)
     k = b.op("ROPE", f"Kcur_rope-{il}", [k, inp.pos, inp.rope_freqs], k.shape, **rope)
     row = n_kv_head * hd
-    k_cache = b.cache(f"cache_k_l{il}", (cfg.context, row), cfg.kv_dtype)
-    v_cache = b.cache(f"cache_v_l{il}", (cfg.context, row), cfg.kv_dtype)
-    b.node("SET_ROWS", f"k_cache_store-{il}", [k.reshape((1, row)), inp.kv_idx], [k_cache])
-    b.node("SET_ROWS", f"v_cache_store-{il}", [v.reshape((1, row)), inp.kv_idx], [v_cache])
+    rows, idx = (inp.swa_rows, inp.kv_idx_swa) if inp.sliding[il] else (cfg.context, inp.kv_idx)
+    n_kv = inp.n_kv_swa if inp.sliding[il] else n_kv
+    k_cache = b.cache(f"cache_k_l{il}", (rows, row), cfg.kv_dtype)
+    v_cache = b.cache(f"cache_v_l{il}", (rows, row), cfg.kv_dtype)
+    b.node("SET_ROWS", f"k_cache_store-{il}", [k.reshape((1, row)), idx], [k_cache])
+    b.node("SET_ROWS", f"v_cache_store-{il}", [v.reshape((1, row)), idx], [v_cache])
     k_view = k_cache.slice(0, 0, n_kv)
     v_view = v_cache.slice(0, 0, n_kv)
     k_view = k_view.__class__(k_view.buffer, k_view.offset, (n_kv, n_kv_head, hd),
@@ -89,11 +124,26 @@ def attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, q: Vi
 
 
 def swiglu_ffn(b: GraphBuilder, x: View, prefix: str, il: int, sfx: str = "") -> View:
-    """llama's FFN: ``down(silu(gate(x)) * up(x))`` with HF tensor names under ``prefix``."""
-    gate = linear(b, x, b.weights[f"{prefix}.gate_proj.weight"], f"ffn_gate{sfx}-{il}")
-    up = linear(b, x, b.weights[f"{prefix}.up_proj.weight"], f"ffn_up{sfx}-{il}")
+    """llama's FFN: ``down(silu(gate(x)) * up(x))`` with HF tensor names under ``prefix``
+    (each projection's ``.bias`` added where the builder declared one: llama's ``mlp_bias``)."""
+    def proj(name: str) -> tuple[View, View | None]:
+        return b.weights[f"{prefix}.{name}.weight"], b.weights.get(f"{prefix}.{name}.bias")
+
+    gate = linear(b, x, proj("gate_proj")[0], f"ffn_gate{sfx}-{il}", proj("gate_proj")[1])
+    up = linear(b, x, proj("up_proj")[0], f"ffn_up{sfx}-{il}", proj("up_proj")[1])
     act = b.op("GLU", f"ffn_swiglu{sfx}-{il}", [gate, up], gate.shape, glu="swiglu")
-    return linear(b, act, b.weights[f"{prefix}.down_proj.weight"], f"ffn_out{sfx}-{il}")
+    return linear(b, act, proj("down_proj")[0], f"ffn_out{sfx}-{il}", proj("down_proj")[1])
+
+
+def dense_ffn(b: GraphBuilder, cfg: ModelConfig, il: int, x: View, ff: int, prefix: str | None = None,
+              sfx: str = "", bias: bool = False) -> View:
+    """Declare a SwiGLU FFN's weights ([ff, d], [ff, d], [d, ff], + biases) and build it."""
+    d, pre = cfg.get("hidden_size"), prefix or f"model.layers.{il}.mlp"
+    for proj, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
+        b.weight(f"{pre}.{proj}.weight", shape, cfg.weight_dtype)
+        if bias:
+            b.weight(f"{pre}.{proj}.bias", shape[:1], "f32")
+    return swiglu_ffn(b, x, pre, il, sfx)
 
 
 def lm_head(b: GraphBuilder, cfg: ModelConfig, x: View) -> View:
@@ -138,7 +188,7 @@ def self_attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, 
         q = rms_norm(b, q, b.weight(f"{pre}.q_norm.weight", (hd,), "f32"), eps, f"Qcur_normed-{il}")
         k = rms_norm(b, k, b.weight(f"{pre}.k_norm.weight", (hd,), "f32"), eps, f"Kcur_normed-{il}")
     sink = b.weight(f"{pre}.sinks", (n_head,), "f32") if sinks else None
-    att = attention(b, cfg, inp, il, q, k, v, n_kv, mask if mask is not None else inp.mask, sink)
+    att = attention(b, cfg, inp, il, q, k, v, n_kv, mask if mask is not None else inp.mask_for(il), sink)
     wo, bo = proj("o_proj", d)
     return linear(b, att, wo, f"attn_out-{il}", bo)
 

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from .errors import ConfigError
+from .hf_keys import canonical
 from .validate import validate_config
 
 #: Hugging Face ``model_type`` -> workbench family.
@@ -40,6 +41,16 @@ class ModelConfig:
     context: int = 512
     weight_dtype: str = "f16"
     kv_dtype: str = "f16"
+    #: ggml's ``rope_freqs`` tensor (a Llama-3 GGUF's rope scaling): per rotated pair, the
+    #: divisor of the base frequency; None: the frequencies follow ``rope_scaling``.
+    rope_freq_factors: tuple[float, ...] | None = None
+    #: the folder the config was read from (its safetensors are the weights), if any.
+    source: str | None = None
+    #: llama.cpp's ``--swa-full``: sliding-window layers keep a full-context KV cache instead
+    #: of the iSWA ring of ``window + n_ubatch`` rows (padded to 256) llama.cpp keeps by default.
+    swa_full: bool = False
+    #: llama.cpp's ``-ub`` (micro-batch), which sizes the iSWA ring.
+    n_ubatch: int = 512
 
     def __post_init__(self) -> None:
         validate_config(self)  # every way of making a config (preset, config.json, GGUF, with_) passes here
@@ -79,8 +90,9 @@ class ModelConfig:
         return min(self.context, -(-(pos + 1) // KV_PAD) * KV_PAD)
 
     def with_(self, *, layers: int | None = None, context: int | None = None,
-              weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelConfig:
-        """A copy with run-time overrides (``--layers``, ``--context``)."""
+              weight_dtype: str | None = None, kv_dtype: str | None = None,
+              swa_full: bool | None = None, n_ubatch: int | None = None) -> ModelConfig:
+        """A copy with run-time overrides (``--layers``, ``--context``, ``--swa-full``, ``-ub``)."""
         hf = copy.deepcopy(self.hf)
         if layers is not None:
             if layers < 1:
@@ -99,6 +111,12 @@ class ModelConfig:
             new = replace(new, weight_dtype=weight_dtype)
         if kv_dtype is not None:
             new = replace(new, kv_dtype=kv_dtype)
+        if swa_full is not None:
+            new = replace(new, swa_full=bool(swa_full))
+        if n_ubatch is not None:
+            if n_ubatch < 1:
+                raise ConfigError(f"n_ubatch must be >= 1, got {n_ubatch}")
+            new = replace(new, n_ubatch=int(n_ubatch))
         return new
 
 
@@ -124,7 +142,9 @@ def from_hf_config(source: str | Path | dict[str, Any], name: str | None = None,
     if hf.get("model_type") not in MODEL_TYPES:
         raise ConfigError(f"model_type {hf['model_type']!r} is not supported; supported: {sorted(MODEL_TYPES)}")
     hf.pop("architectures", None)
-    cfg = ModelConfig(name or hf["model_type"], hf)
+    name = name or hf["model_type"]
+    source = None if isinstance(source, dict) else str(path.parent)
+    cfg = ModelConfig(name, canonical(hf, name), source=source)
     return cfg.with_(**runtime) if runtime else cfg
 
 
@@ -136,7 +156,7 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     what it leaves implicit is filled the way llama.cpp's loader does (gpt-oss: every other
     layer sliding-window, YaRN rope; qwen3moe: renormalised top-k; a missing ``output.weight``
     means tied embeddings). Llama-3 GGUFs carry their rope scaling as a ``rope_freqs`` tensor
-    rather than metadata, so their config uses plain RoPE (shapes and costs are unaffected).
+    rather than metadata: its values become ``ModelConfig.rope_freq_factors``.
     """
     import gguf
     import numpy as np
@@ -234,6 +254,10 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
         hf["linear_value_head_dim"] = int(value(p + "ssm.inner_size")) // hf["linear_num_value_heads"]
         hf["shared_expert_intermediate_size"] = int(value(p + "expert_shared_feed_forward_length"))
         hf["full_attention_interval"] = int(value(p + "full_attention_interval", 4))
+    factors = None
+    if "rope_freqs.weight" in tensor_names:  # Llama-3: rope scaling baked into per-pair divisors
+        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        factors = tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))
     name = str(value("general.name", path.stem))
-    cfg = ModelConfig(name, hf)
+    cfg = ModelConfig(name, canonical(hf, name), rope_freq_factors=factors)
     return cfg.with_(**runtime) if runtime else cfg

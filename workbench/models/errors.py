@@ -1,5 +1,8 @@
-"""The error a model configuration raises, in a module of its own so that reading configs
-(``config``) and validating them (``validate``) can both raise it without importing each other."""
+"""The error a model configuration the workbench cannot use raises, in a module of its own so
+that reading configs (``config``, ``hf_keys``) and validating them (``validate``) can all raise
+it without importing each other."""
+
+from __future__ import annotations
 
 
 class ConfigError(ValueError):

@@ -1,9 +1,13 @@
-"""Dense Llama decode step (llama.cpp's ``llm_build_llama``), also the base of Qwen3."""
+"""Dense Llama decode step (llama.cpp's ``llm_build_llama``), also the base of Qwen3.
+
+``attention_bias`` / ``mlp_bias`` add the projections' biases (ADD after MUL_MAT, which
+llama.cpp's mul_mat+bias fusion may fold); sliding-window layers (Qwen3) use ``kq_mask_swa``.
+"""
 
 from __future__ import annotations
 
 from ..graph import Graph, GraphBuilder
-from .blocks import StepInputs, embed, ffn_norm, lm_head, residual_layer_start, self_attention, swiglu_ffn
+from .blocks import StepInputs, dense_ffn, embed, ffn_norm, lm_head, residual_layer_start, self_attention
 from .config import ModelConfig
 
 
@@ -15,13 +19,10 @@ def build_dense(cfg: ModelConfig, n_kv: int, qk_norm: bool) -> Graph:
     x = embed(b, cfg, inp)
     for il in range(cfg.n_layer):
         cur = residual_layer_start(b, cfg, il, x)
-        cur = self_attention(b, cfg, inp, il, cur, n_kv, qk_norm=qk_norm)
+        cur = self_attention(b, cfg, inp, il, cur, n_kv, qk_norm=qk_norm, bias=bool(cfg.get("attention_bias", False)))
         ffn_inp = b.op("ADD", f"ffn_inp-{il}", [cur, x], (1, d))
         cur = ffn_norm(b, cfg, il, ffn_inp)
-        pre = f"model.layers.{il}.mlp"
-        for proj, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
-            b.weight(f"{pre}.{proj}.weight", shape, cfg.weight_dtype)
-        cur = swiglu_ffn(b, cur, pre, il)
+        cur = dense_ffn(b, cfg, il, cur, ff, bias=bool(cfg.get("mlp_bias", False)))
         x = b.op("ADD", f"l_out-{il}", [cur, ffn_inp], (1, d))
     lm_head(b, cfg, x)
     b.meta.update(n_kv=n_kv, family=cfg.family)

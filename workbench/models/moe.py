@@ -14,13 +14,13 @@ from dataclasses import dataclass, replace
 from ..graph import Graph, GraphBuilder, View
 from .blocks import (
     StepInputs,
+    dense_ffn,
     embed,
     ffn_norm,
     linear,
     lm_head,
     residual_layer_start,
     self_attention,
-    swiglu_ffn,
 )
 from .config import ModelConfig
 
@@ -145,11 +145,7 @@ def _is_sparse_layer(cfg: ModelConfig, il: int) -> bool:
 
 
 def _dense_ffn(b: GraphBuilder, cfg: ModelConfig, il: int, x: View) -> View:
-    d, ff = cfg.get("hidden_size"), cfg.get("intermediate_size")
-    pre = f"model.layers.{il}.mlp"
-    for proj, shape in (("gate_proj", (ff, d)), ("up_proj", (ff, d)), ("down_proj", (d, ff))):
-        b.weight(f"{pre}.{proj}.weight", shape, cfg.weight_dtype)
-    return swiglu_ffn(b, x, pre, il)
+    return dense_ffn(b, cfg, il, x, cfg.get("intermediate_size"))
 
 
 def build_moe(cfg: ModelConfig, n_kv: int) -> Graph:
@@ -157,19 +153,12 @@ def build_moe(cfg: ModelConfig, n_kv: int) -> Graph:
     oai = cfg.model_type == "gpt_oss"
     b = GraphBuilder(cfg.name)
     d = cfg.get("hidden_size")
-    inp = StepInputs(b, cfg, n_kv, swa=oai)
-    layer_types: list[str] = []
-    if oai:
-        b.meta["sliding_window"] = int(cfg.get("sliding_window"))
-        layer_types = list(cfg.get("layer_types", None) or
-                           ["sliding_attention" if il % 2 == 0 else "full_attention" for il in range(cfg.n_layer)])
+    inp = StepInputs(b, cfg, n_kv)
     x = embed(b, cfg, inp)
     for il in range(cfg.n_layer):
         cur = residual_layer_start(b, cfg, il, x)
         if oai:
-            mask = inp.mask_swa if layer_types[il] == "sliding_attention" else inp.mask
-            cur = self_attention(b, cfg, inp, il, cur, n_kv, bias=bool(cfg.get("attention_bias", True)),
-                                 mask=mask, sinks=True)
+            cur = self_attention(b, cfg, inp, il, cur, n_kv, bias=bool(cfg.get("attention_bias", True)), sinks=True)
         else:
             cur = self_attention(b, cfg, inp, il, cur, n_kv, qk_norm=True,
                                  bias=bool(cfg.get("attention_bias", False)))

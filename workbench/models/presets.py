@@ -6,10 +6,10 @@ published parameter counts are kept beside them so a test can check the graph ag
 
 from __future__ import annotations
 
-import copy
 from typing import Any
 
 from .config import ConfigError, ModelConfig
+from .hf_keys import canonical
 
 _LLAMA3_ROPE = {"rope_type": "llama3", "low_freq_factor": 1.0, "high_freq_factor": 4.0,
                 "original_max_position_embeddings": 8192}
@@ -112,13 +112,15 @@ TINY_PRESETS = ("llama-tiny", "qwen3-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "q
 
 
 def preset(name: str, *, layers: int | None = None, context: int | None = None,
-           weight_dtype: str | None = None, kv_dtype: str | None = None) -> ModelConfig:
-    """A preset by name with optional ``--layers`` / ``--context`` overrides."""
+           weight_dtype: str | None = None, kv_dtype: str | None = None, swa_full: bool | None = None,
+           n_ubatch: int | None = None) -> ModelConfig:
+    """A preset by name with optional ``--layers`` / ``--context`` (etc.) overrides."""
     if name not in PRESETS:
         raise ConfigError(f"unknown model preset {name!r}; known presets: {', '.join(PRESETS)} "
                           "(or pass a config.json / .gguf path)")
-    cfg = ModelConfig(name, copy.deepcopy(PRESETS[name]))  # callers (transformers) may mutate nested dicts
-    return cfg.with_(layers=layers, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype)
+    cfg = ModelConfig(name, canonical(PRESETS[name], name))  # a copy: callers (transformers) may mutate it
+    return cfg.with_(layers=layers, context=context, weight_dtype=weight_dtype, kv_dtype=kv_dtype,
+                     swa_full=swa_full, n_ubatch=n_ubatch)
 
 
 def load_config(spec: str, **overrides) -> ModelConfig:

@@ -49,23 +49,29 @@ def gated_attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int,
     d, eps = cfg.get("hidden_size"), cfg.get("rms_norm_eps")
     n_head, n_kv_head, hd = cfg.get("num_attention_heads"), cfg.get("num_key_value_heads"), cfg.head_dim
     wdt, pre = cfg.weight_dtype, f"model.layers.{il}.self_attn"
-    wq = b.weight(f"{pre}.q_proj.weight", (n_head * hd * 2, d), wdt)
-    wk = b.weight(f"{pre}.k_proj.weight", (n_kv_head * hd, d), wdt)
-    wv = b.weight(f"{pre}.v_proj.weight", (n_kv_head * hd, d), wdt)
-    wo = b.weight(f"{pre}.o_proj.weight", (d, n_head * hd), wdt)
+    bias = bool(cfg.get("attention_bias", False))
+
+    def proj(name: str, out: int, inp: int) -> tuple[View, View | None]:
+        w = b.weight(f"{pre}.{name}.weight", (out, inp), wdt)
+        return w, (b.weight(f"{pre}.{name}.bias", (out,), "f32") if bias else None)
+
+    wq, bq = proj("q_proj", n_head * hd * 2, d)
+    wk, bk = proj("k_proj", n_kv_head * hd, d)
+    wv, bv = proj("v_proj", n_kv_head * hd, d)
+    wo, bo = proj("o_proj", d, n_head * hd)
     q_norm = b.weight(f"{pre}.q_norm.weight", (hd,), "f32")
     k_norm = b.weight(f"{pre}.k_norm.weight", (hd,), "f32")
 
-    q_full = linear(b, x, wq, f"Qcur_full-{il}").reshape((n_head, 2 * hd))  # per head [query | gate]
+    q_full = linear(b, x, wq, f"Qcur_full-{il}", bq).reshape((n_head, 2 * hd))  # per head [query | gate]
     q, gate = q_full.slice(1, 0, hd), q_full.slice(1, hd, 2 * hd)
-    k = linear(b, x, wk, f"Kcur-{il}").reshape((n_kv_head, hd))
-    v = linear(b, x, wv, f"Vcur-{il}").reshape((n_kv_head, hd))
+    k = linear(b, x, wk, f"Kcur-{il}", bk).reshape((n_kv_head, hd))
+    v = linear(b, x, wv, f"Vcur-{il}", bv).reshape((n_kv_head, hd))
     q = rms_norm(b, q, q_norm, eps, f"Qcur_normed-{il}")
     k = rms_norm(b, k, k_norm, eps, f"Kcur_normed-{il}")
     att = attention(b, cfg, inp, il, q, k, v, n_kv, inp.mask)
     gate = b.op("SIGMOID", f"gate_sigmoid-{il}", [gate], gate.shape)
     att = b.op("MUL", f"attn_gated-{il}", [att, gate.reshape(att.shape)], att.shape)
-    return linear(b, att, wo, f"attn_output-{il}")
+    return linear(b, att, wo, f"attn_output-{il}", bo)
 
 
 def _rows(w: View, offset_rows: int, shape: tuple[int, ...], row_strides: tuple[int, ...]) -> View:

@@ -1,7 +1,9 @@
-"""RoPE inverse frequencies per config (default, llama3, yarn), as Hugging Face computes them.
+"""RoPE inverse frequencies per config (default, linear, llama3, yarn), as Hugging Face computes them.
 
 ggml passes such frequencies to its rope kernel as ``rope_freqs``; the graph carries them as a
-constant tensor so that every executor rotates with exactly the same numbers.
+constant tensor so that every executor rotates with exactly the same numbers. A Llama-3 GGUF
+carries its rope scaling only as that tensor (per-pair divisors of the base frequencies, see
+``ModelConfig.rope_freq_factors``), which then replaces the ``rope_scaling`` of the config.
 """
 
 from __future__ import annotations
@@ -25,8 +27,16 @@ def rope_params(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     inv = 1.0 / (base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot))
     scaling = cfg.get("rope_scaling", None) or {}
     kind = scaling.get("rope_type", scaling.get("type", "default"))
+    if cfg.rope_freq_factors is not None:  # ggml: theta = pos * base_freq / freq_factor
+        factors = np.asarray(cfg.rope_freq_factors, np.float64)
+        if factors.shape != inv.shape:
+            raise ConfigError(f"{cfg.name}: rope_freqs has {factors.size} factors, the model rotates "
+                              f"{n_rot} dims ({inv.size} pairs)")
+        return (inv / factors).astype(np.float32), 1.0
     if kind == "default":
         return inv.astype(np.float32), 1.0
+    if kind == "linear":
+        return (inv / float(scaling["factor"])).astype(np.float32), 1.0
     if kind == "llama3":
         factor = scaling["factor"]
         lo, hi = scaling["low_freq_factor"], scaling["high_freq_factor"]
@@ -39,10 +49,17 @@ def rope_params(cfg: ModelConfig) -> tuple[np.ndarray, float]:
         medium = (wl >= hi_wl) & (wl <= lo_wl)
         return np.where(medium, smoothed, out).astype(np.float32), 1.0
     if kind == "yarn":
-        factor = scaling["factor"]
         old = scaling.get("original_max_position_embeddings") or cfg.get("max_position_embeddings")
-        beta_fast, beta_slow = scaling.get("beta_fast", 32.0), scaling.get("beta_slow", 1.0)
-        mscale = scaling.get("attention_factor") or (0.1 * math.log(factor) + 1.0 if factor > 1 else 1.0)
+        factor = scaling.get("factor") or cfg.get("max_position_embeddings") / old
+        beta_fast, beta_slow = scaling.get("beta_fast") or 32.0, scaling.get("beta_slow") or 1.0
+
+        def get_mscale(scale: float, m: float = 1.0) -> float:
+            return 0.1 * m * math.log(scale) + 1.0 if scale > 1 else 1.0
+
+        mscale = scaling.get("attention_factor")
+        if mscale is None:
+            m, m_all = scaling.get("mscale"), scaling.get("mscale_all_dim")
+            mscale = get_mscale(factor, m) / get_mscale(factor, m_all) if m and m_all else get_mscale(factor)
 
         def corr_dim(rot: float) -> float:
             return (n_rot * math.log(old / (rot * 2 * math.pi))) / (2 * math.log(base))
@@ -59,4 +76,4 @@ def rope_params(cfg: ModelConfig) -> tuple[np.ndarray, float]:
         inv_inter, inv_extra = 1.0 / (factor * pos_freqs), 1.0 / pos_freqs
         inv = inv_inter * (1 - extrap) + inv_extra * extrap
         return inv.astype(np.float32), float(mscale)
-    raise ConfigError(f"{cfg.name}: rope_scaling type {kind!r} is not supported (default, llama3, yarn)")
+    raise ConfigError(f"{cfg.name}: rope_scaling.rope_type {kind!r} is not modelled (default, linear, llama3, yarn)")

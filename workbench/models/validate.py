@@ -15,6 +15,7 @@ import math
 from typing import TYPE_CHECKING, Any
 
 from .errors import ConfigError
+from .hf_keys import ROPE_TYPES
 
 if TYPE_CHECKING:
     from .config import ModelConfig
@@ -23,7 +24,6 @@ if TYPE_CHECKING:
 MAX_DIM = 2**31 - 1
 #: Storage dtypes a config may ask for (weights and KV cache).
 FLOAT_DTYPES = ("f32", "f16", "bf16")
-ROPE_TYPES = ("default", "llama3", "yarn")
 
 #: Shape fields every family reads (integers >= 1).
 COMMON_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
@@ -175,7 +175,7 @@ def _rope(v: _Checker) -> None:
     if kind == "default":
         return
     needed = {"llama3": ("factor", "low_freq_factor", "high_freq_factor", "original_max_position_embeddings"),
-              "yarn": ("factor",)}[kind]
+              "yarn": ("factor",), "linear": ("factor",)}[kind]
     for key in needed + ("beta_fast", "beta_slow", "attention_factor"):
         value = scaling.get(key)
         if value is None and key in needed:

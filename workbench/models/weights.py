@@ -6,12 +6,16 @@ uint16), so the same dict feeds the reference, the GPU executor and a ``transfor
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 
 from ..graph import Graph, View
 from .config import ConfigError
+
+#: The largest finite f16 value: a checkpoint weight beyond it would become inf in f16 storage.
+F16_MAX = 65504.0
 
 
 def to_bf16(x: np.ndarray) -> np.ndarray:
@@ -101,31 +105,49 @@ def _stable_hash(s: str) -> int:
 
 
 def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict[str, np.ndarray]:
-    """Weights for ``graph`` from safetensors files with Hugging Face names, cast to the graph's
+    """Weights for ``graph`` from safetensors files with Hugging Face names (any float dtype,
+    per-expert or fused MoE layout: :mod:`workbench.models.checkpoint`), cast to the graph's
     storage dtypes. A missing or mis-shaped tensor is a clear error naming it and both shapes."""
-    from safetensors import safe_open
+    from .checkpoint import load
 
     files = [Path(p) for p in (paths if isinstance(paths, list) else [paths])]
     files = [f for p in files for f in (sorted(p.glob("*.safetensors")) if p.is_dir() else [p])]
     if not files:
         raise ConfigError(f"no .safetensors files found in {paths}")
-    found: dict[str, np.ndarray] = {}
-    for f in files:
-        with safe_open(str(f), framework="numpy") as fh:
-            for key in fh.keys():
-                if key in graph.weights:
-                    found[key] = fh.get_tensor(key)
-    out: dict[str, np.ndarray] = {}
+    cfg = graph.meta.get("config")
+    quant = cfg.hf.get("quantization_config") if cfg is not None else None
+    if quant:
+        raise ConfigError(f"{cfg.name}: the checkpoint is quantized (quantization_config, quant_method="
+                          f"{quant.get('quant_method', '?')!r}); its safetensors are not read: use a "
+                          "dequantized checkpoint or the GGUF")
+    found, stored = load({name: view.shape for name, view in graph.weights.items()}, files)
+    out = {}
     for name, view in graph.weights.items():
-        if name not in found:
-            raise ConfigError(f"safetensors {', '.join(map(str, files))}: tensor {name!r} is missing "
-                              f"(expected shape {list(view.shape)})")
-        arr = found[name]
-        if tuple(arr.shape) != tuple(view.shape):
-            raise ConfigError(f"safetensors tensor {name!r} has shape {list(arr.shape)}, "
-                              f"the graph expects {list(view.shape)}")
-        out[name] = to_storage(arr.astype(np.float32), view.dtype)
+        if view.dtype == "f16" and np.abs(found[name]).max(initial=0.0) > F16_MAX:
+            raise ConfigError(f"safetensors tensor {name!r} holds values beyond f16's range (max |w| = "
+                              f"{np.abs(found[name]).max():.3g}); keep the weights bf16 or f32 "
+                              "(weight_dtype='bf16')")
+        out[name] = to_storage(found[name], view.dtype)
+    narrowed = sorted(d for d in stored if d in ("BF16", "F32", "F64"))
+    kept = {graph.weights[n].dtype for n in out} - {"f32"}
+    if narrowed and kept and cfg is not None:
+        warnings.warn(f"{cfg.name}: {'/'.join(narrowed).lower()} checkpoint weights stored as "
+                      f"{'/'.join(sorted(kept))} (weight_dtype={cfg.weight_dtype!r}; pass weight_dtype='bf16' "
+                      "or 'f32' to keep more)", stacklevel=2)
     return out
+
+
+def has_checkpoint(cfg) -> bool:
+    """Was ``cfg`` read from a folder that holds safetensors (its weights)?"""
+    return cfg.source is not None and any(Path(cfg.source).glob("*.safetensors"))
+
+
+def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
+    """The weights a run of ``cfg`` uses: the safetensors beside its config.json when it was
+    read from a folder that has them, else ``random_weights(graph, seed)``."""
+    if has_checkpoint(cfg):
+        return load_safetensors(graph, Path(cfg.source))
+    return random_weights(graph, seed)
 
 
 def save_safetensors(weights: dict[str, np.ndarray], graph: Graph, path: str | Path) -> None:
