@@ -7,7 +7,9 @@ so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwi
 compute rate is limited to the share of SMs it occupies. That fraction is the kernel's ``cap``;
 concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps. A
 measured calibration replaces the fixed part and scales the work per ggml op, or per kernel
-family for ops it did not measure (``measured_fit``).
+family for ops it did not measure (``measured_fit``); the scale only ever slows the work down,
+so a kernel's work is never shorter than its bytes at the calibrated bandwidth (the floor that
+``workbench.exec.floor`` checks).
 
 Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels for a decode step
 (one token): one block per output row for mat-vec, one block per row for norms and softmax,
@@ -154,7 +156,10 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     blocks, threads = launch_geometry(node, cal.sm_count)
     nbytes, flops = float(node.bytes), float(node.flops)
     _, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
-    scale = fam.work_scale if fam else 1.0
+    # conservation: a fit may scale the roofline down (its fixed part absorbs the rest), but no
+    # kernel moves its bytes faster than the calibrated bandwidth or does its flops faster than
+    # the peak rate, so the work never drops below the plain roofline (the Plan's floor holds)
+    scale = max(1.0, fam.work_scale) if fam else 1.0
     mem_ns = nbytes / cal.dram_Bpns * scale
     cmp_ns = flops / cal.fp32_flops_per_ns * scale
     slots = cal.sm_count * cal.max_threads_per_sm

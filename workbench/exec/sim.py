@@ -39,6 +39,7 @@ from ..strategy import HostOp, Launch, Plan, Strategy
 from ..trace import API_ROW, Trace, stream_row
 from .calibration import Calibration, load_calibration
 from .cost import KernelCost, kernel_cost, memcpy_ns
+from .floor import check_conservation, floor_stats
 from .run import Run
 
 # stream-op kinds
@@ -214,8 +215,9 @@ class _Engine:
         self.holders: dict[int, float] = {}
         self.occ = 0.0
         self.res_wait: list[int] = []
-        self.fluid: dict[int, list[float]] = {}   # op -> [remaining, rate, cap, version]
+        self.fluid: dict[int, list[float]] = {}   # op -> [remaining, rate, cap, version, amount]
         self.fluid_t = 0.0
+        self.fluid_version = 0  # one counter for all segments: a stale _SEGMENT never matches a later one
         self.engine_free = [0.0, 0.0]               # H2D, D2H copy engines
         self.graph_left: dict[int, int] = {}        # graph op -> internal ops not yet complete
         self.graph_events: dict[int, int] = {}
@@ -600,14 +602,25 @@ class _Engine:
 
     def _fluid_add(self, o: int, amount: float, cap: float) -> None:
         self._fluid_sync()
-        self.fluid[o] = [amount, 0.0, cap, 0.0]
+        self.fluid[o] = [amount, 0.0, cap, -1.0, amount]
         self._reflow()
 
     def _fluid_remove(self, o: int) -> None:
+        """End a work segment, checking conservation: the rate it got, integrated over time, covers
+        its work (a kernel never finishes bytes it has not moved, whatever PDL or streams overlap)."""
         self._fluid_sync()
-        del self.fluid[o]
+        f = self.fluid.pop(o)
+        if f[0] > 1e-6 * f[4] + 1e-3:
+            raise RuntimeError(f"simulator: conservation violated: a work segment of "
+                               f"{self._launch(o).node.name} ended with {f[0]:.1f} of {f[4]:.1f} ns of work "
+                               "left (internal error)")
         if self.fluid:
             self._reflow()
+
+    def _version(self, f: list[float]) -> float:
+        self.fluid_version += 1
+        f[3] = float(self.fluid_version)
+        return f[3]
 
     def _reflow(self) -> None:
         """Water-filling: each kernel gets min(cap, fair share of what is left)."""
@@ -616,8 +629,7 @@ class _Engine:
             (o, f), = fl.items()
             if f[1] != f[2]:
                 f[1] = f[2]
-                f[3] += 1
-                self._push(self.now + max(f[0], 0.0) / f[1], _SEGMENT, o, f[3])
+                self._push(self.now + max(f[0], 0.0) / f[1], _SEGMENT, o, self._version(f))
             return
         left = 1.0
         items = sorted(fl.items(), key=lambda kv: kv[1][2])
@@ -627,8 +639,7 @@ class _Engine:
             left -= r
             if r != f[1]:
                 f[1] = r
-                f[3] += 1
-                self._push(self.now + max(f[0], 0.0) / r, _SEGMENT, o, f[3])
+                self._push(self.now + max(f[0], 0.0) / r, _SEGMENT, o, self._version(f))
 
     # completion ------------------------------------------------------------------------------
     def _end(self, o: int) -> None:
@@ -739,6 +750,7 @@ def simulate(plans: Sequence[Plan], cal: Calibration, *, memo: bool = True) -> T
         "source": "sim", "gpu": cal.gpu, "device": cal.device_label, "host_profile": cal.host_profile,
         "device_events": eng.n_device_events,
     })
+    check_conservation(trace, plans, cal)
     return trace
 
 
@@ -779,5 +791,6 @@ def run_sim(cfg: ModelConfig, strategy: Strategy, tokens: int | Sequence[int] = 
     trace.meta.update(model=cfg.name, strategy=strategy.label())
     stats = summarize(trace)
     stats["memory_bytes"] = max(p.memory_bytes for p in plans)
+    stats.update(floor_stats(plans, cal, stats["us_per_token"]))
     return Run("sim", cal.device_label, plans[-1], None, trace, stats,
                {"calibration": cal, "plans": plans, "start_pos": start_pos})
