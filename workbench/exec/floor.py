@@ -27,11 +27,16 @@ def floor_ns(plan: Plan, cal: Calibration) -> float:
     return max(nbytes / cal.dram_Bpns, flops / cal.fp32_flops_per_ns)
 
 
+def _floors(plans: Sequence[Plan], cal: Calibration) -> dict[int, float]:
+    """Floor of each distinct Plan (a run repeats one Plan while the KV length keeps its shape)."""
+    return {id(p): floor_ns(p, cal) for p in {id(p): p for p in plans}.values()}
+
+
 def floor_stats(plans: Sequence[Plan], cal: Calibration, us_per_token: float) -> dict[str, float]:
     """``floor_us_per_token`` (mean over the run's tokens) and ``floor_fraction`` (floor / achieved:
     1.0 would be a step that only streams its bytes)."""
-    memo: dict[int, float] = {}
-    per = [memo.setdefault(id(p), floor_ns(p, cal)) for p in plans]
+    floors = _floors(plans, cal)
+    per = [floors[id(p)] for p in plans]
     floor_us = float(np.mean(per)) / 1e3 if per else float("nan")
     frac = floor_us / us_per_token if us_per_token and us_per_token == us_per_token else float("nan")
     return {"floor_us_per_token": floor_us, "floor_fraction": frac}
@@ -54,8 +59,8 @@ def check_conservation(trace: Trace, plans: Sequence[Plan], cal: Calibration) ->
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(s)) - 1
     busy = float((e[last] - s[first]).sum())
-    memo: dict[int, float] = {}
-    need = sum(memo.setdefault(id(p), floor_ns(p, cal)) for p in plans)
+    floors = _floors(plans, cal)
+    need = sum(floors[id(p)] for p in plans)
     if busy + len(s) < need * (1 - 1e-9):  # start/end are whole ns: up to 1 ns lost per kernel
         raise RuntimeError(f"simulator: conservation violated: kernels were busy {busy / 1e3:.1f} us but the "
                            f"run's bytes and flops need at least {need / 1e3:.1f} us on {cal.gpu} (internal "
