@@ -449,17 +449,26 @@ class _Engine:
         cal = self.cal
         kind = self.kind[o]
         t = max(self.now, self.ready[o])
+        ev_gap = cal.dependency_gap_ns if self.graph_of[o] >= 0 else cal.eager_event_gap
         for d in self.deps[o]:
             de = self.end[d]
             if de != de:
                 self.done_waiters.setdefault(d, []).append((_TRY, s))
                 return
-            t = max(t, de + cal.dependency_gap_ns)
+            t = max(t, de + ev_gap)
         pred = self.prev[o]
         pdl_pred = -1
         if pred >= 0:
             pe = self.end[pred]
-            gap = cal.dependency_gap_ns if self.graph_of[o] >= 0 else cal.eager_gap_ns  # graph vs eager launch
+            if self.graph_of[o] >= 0:
+                gap = cal.dependency_gap_ns
+            else:  # eager launch: the front end's work, after its turns on other streams' channels
+                gap = cal.eager_gap_ns
+                if cal.eager_channel_switch_ns and len(self.queues) > 1:
+                    now, ready = self.now, self.ready  # issued by the host by now: the head's ready time passed
+                    gap += cal.eager_channel_switch_ns * sum(
+                        1 for st, oq in self.queues.items() if oq and st != s and st < _GRAPH_STREAMS
+                        and ready[oq[0]] <= now)
             if kind == KERNEL and self.kind[pred] == KERNEL and self._launch(o).pdl:
                 tr = self.trig[pred]
                 cand = math.inf
@@ -573,7 +582,7 @@ class _Engine:
                     if pe != pe:
                         self.done_waiters.setdefault(k.pdl_pred, []).append((_GATE, o))
                         return
-                    g = pe + self.cal.pdl_release_ns
+                    g = pe + (self.cal.pdl_release_ns if self.graph_of[o] >= 0 else self.cal.eager_pdl_release)
                     if g > self.now:
                         self._push(g, _GATE, o)
                         return
