@@ -7,6 +7,7 @@ import random
 import warnings
 import zlib
 
+import numpy as np
 import pytest
 
 from workbench.exec.calibration import load_calibration
@@ -130,3 +131,59 @@ def test_h100_file_says_where_each_number_comes_from() -> None:
     kinds = (on_h100, "carried over from data/calibration/h200.json", "derived", "assumed", "not measured", "kept at")
     for key in [k for k in src if k.startswith(("device.", "host_profiles.python.", "families.", "ops."))]:
         assert any(k in src[key] for k in kinds), (key, src[key])
+
+
+# -------------------------------------------------------------------------------------------
+# eager PDL and eager multi-stream: the front end's share (fitted by workbench.exec.fit_eager)
+# -------------------------------------------------------------------------------------------
+def _us(cfg, st: Strategy, cal) -> float:
+    return run_sim(cfg, st, 3, calibration=cal).stats["us_per_token"]
+
+
+def test_eager_pdl_release_acts_on_eager_launches_only() -> None:
+    from dataclasses import replace
+
+    cfg = load_config("llama-3.2-1b", layers=2)
+    cal = load_calibration("h200")
+    fast, slow = (replace(cal, eager_pdl_release_ns=v) for v in (0.0, 2000.0))
+    assert _us(cfg, Strategy(pdl=True), slow) > _us(cfg, Strategy(pdl=True), fast) + 50
+    graphs = Strategy(graphs=True, pdl=True)
+    assert _us(cfg, graphs, slow) == _us(cfg, graphs, fast)
+    assert _us(cfg, Strategy(), slow) == _us(cfg, Strategy(), fast)
+    # absent from a file: the graph release applies
+    assert replace(cal, eager_pdl_release_ns=-1.0).eager_pdl_release == cal.pdl_release_ns
+
+
+def test_eager_launch_waits_for_other_streams_with_issued_work() -> None:
+    """With the host far ahead, every kernel of the main stream is queued: its gap after its
+    predecessor is the eager gap plus one channel switch per side stream holding issued work."""
+    from dataclasses import replace
+
+    cfg = load_config("llama-3.2-1b", layers=2)
+    cal = replace(load_calibration("h200").with_host(launch_ns=100.0, event_record_ns=50.0,
+                                                        stream_wait_event_ns=50.0), eager_channel_switch_ns=700.0)
+    run = run_sim(cfg, Strategy(streams="qkv", sync="boundary"), 2, calibration=cal)
+    ev = run.trace.events
+    k = ev[(ev["kind"] == "kernel") & (ev["token"] == 1)].sort_values("start_ns")
+    s0 = k[k["stream"] == 0]
+    gaps = (s0["start_ns"].to_numpy()[1:] - s0["end_ns"].to_numpy()[:-1])
+    steps = np.round((gaps - cal.eager_gap_ns) / cal.eager_channel_switch_ns, 3)
+    held = s0["node"].str.startswith("kqv_out").to_numpy()[1:]  # the join: held by event waits instead
+    assert set(steps[~held]) <= {0.0, 1.0, 2.0} and {0.0, 2.0} <= set(steps[~held]), steps
+    single = Strategy(sync="boundary")
+    assert _us(cfg, single, cal) == _us(cfg, single, replace(cal, eager_channel_switch_ns=0.0))
+    graphs = Strategy(graphs=True, streams="qkv")
+    assert _us(cfg, graphs, cal) == _us(cfg, graphs, replace(cal, eager_channel_switch_ns=0.0))
+
+
+def test_eager_event_wait_costs_the_eager_gap() -> None:
+    """A kernel an eager cudaStreamWaitEvent holds starts the eager event gap after the recorded
+    work, not a graph edge's dependency gap."""
+    from dataclasses import replace
+
+    cfg = load_config("llama-3.2-1b", layers=2)
+    cal = load_calibration("h200")
+    near, far = (replace(cal, eager_event_gap_ns=v, eager_channel_switch_ns=0.0) for v in (0.0, 5000.0))
+    qkv = Strategy(streams="qkv", sync="boundary")
+    assert _us(cfg, qkv, far) > _us(cfg, qkv, near) + 5000 / 1e3  # at least one join per token waits it
+    assert cal.eager_event_gap == cal.eager_gap_ns  # absent from the file: the eager launch gap
