@@ -234,7 +234,7 @@ def describe(out: dict[str, Any]) -> str:
         lines.append(f"{out['tokens']} tokens (no timing from the {out['backend']} backend)")
     if out.get("floor_fraction") is not None:
         lines.append(f"memory floor {out['floor_us_per_token']:.1f} us/token (bytes / the calibrated bandwidth): "
-                     f"this run runs at {100 * out['floor_fraction']:.1f}% of its speed")
+                     f"this run is at {100 * out['floor_fraction']:.1f}% of floor speed")
     if out.get("memory_bytes") is not None:
         lines.append(f"memory {out['memory_bytes'] / 2**20:.1f} MiB "
                      "(weights, caches, inputs/outputs and scratch arena)")
