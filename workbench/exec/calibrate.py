@@ -1197,6 +1197,11 @@ def main(args: argparse.Namespace) -> int:
     if not base_path.exists():
         base_path = CALIBRATION_DIR / "h100.json"
     cal = fit(raw, json.loads(base_path.read_text()))
+    from .fit_eager import fit as fit_eager
+    from .fit_eager import has_eager_runs
+
+    if has_eager_runs(raw):  # the eager PDL / multi-stream front-end parameters (simulator in the loop)
+        cal = fit_eager(raw, cal, log=lambda s: print(s, file=sys.stderr))
     parsed = parse_calibration(cal, "fitted calibration")  # the simulator must be able to read it
     out = Path(args.out) if args.out else CALIBRATION_DIR / f"{gpu}.json"
     out.write_text(json.dumps(cal, indent=2) + "\n")

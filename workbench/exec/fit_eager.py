@@ -77,6 +77,13 @@ class KnobCell:
         return f"{self.model}{f'/L{self.layers}' if self.layers else ''} ({self.source})"
 
 
+def has_eager_runs(raw: Mapping[str, Any]) -> bool:
+    """Whether ``raw`` holds untraced ``eager`` runs beside a run of either knob's strategy."""
+    runs = {(r.get("model"), r.get("strategy")) for r in raw.get("runs", []) if "untraced_us_per_token" in r}
+    return any((m, label) in runs for m, _ in runs for label, _ in KNOBS.values()) and any(
+        s == BASE[0] for _, s in runs)
+
+
 def calibration_cells(raw: Mapping[str, Any], knob: str) -> list[KnobCell]:
     """``knob``'s cells from the raw file of ``workbench calibrate`` (untraced us/token)."""
     label, st = KNOBS[knob]
