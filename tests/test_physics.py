@@ -128,7 +128,8 @@ def test_h100_file_says_where_each_number_comes_from() -> None:
     for key in ["device.dram_bandwidth_GBps", "device.kernel_fixed_ns", "families.mul_mat.fixed_ns",
                 "ops.MUL_MAT.work_scale"]:
         assert on_h100 in src[key], key
-    kinds = (on_h100, "carried over from data/calibration/h200.json", "derived", "assumed", "not measured", "kept at")
+    kinds = (on_h100, "carried over from data/calibration/h200.json", "fitted by `python -m workbench.exec.fit_eager`",
+             "derived", "assumed", "not measured", "kept at")
     for key in [k for k in src if k.startswith(("device.", "host_profiles.python.", "families.", "ops."))]:
         assert any(k in src[key] for k in kinds), (key, src[key])
 
