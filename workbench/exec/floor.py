@@ -10,13 +10,14 @@ reaches.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 import numpy as np
 
 from ..strategy import Plan
 from ..trace import Trace
 from .calibration import Calibration
+from .cost import KernelCost
 
 
 def floor_ns(plan: Plan, cal: Calibration) -> float:
@@ -24,6 +25,15 @@ def floor_ns(plan: Plan, cal: Calibration) -> float:
     kernels (the DRAM and the SMs each serve every kernel at most at their full rate)."""
     nbytes = sum(float(la.node.bytes) for la in plan.launches)
     flops = sum(float(la.node.flops) for la in plan.launches)
+    return max(nbytes / cal.dram_Bpns, flops / cal.fp32_flops_per_ns)
+
+
+def floor_of(costs: Iterable[KernelCost], cal: Calibration) -> float:
+    """``floor_ns`` from a Plan's kernel costs (the simulator has them already)."""
+    nbytes = flops = 0.0
+    for c in costs:
+        nbytes += c.bytes
+        flops += c.flops
     return max(nbytes / cal.dram_Bpns, flops / cal.fp32_flops_per_ns)
 
 
@@ -42,24 +52,28 @@ def floor_stats(plans: Sequence[Plan], cal: Calibration, us_per_token: float) ->
     return {"floor_us_per_token": floor_us, "floor_fraction": frac}
 
 
-def check_conservation(trace: Trace, plans: Sequence[Plan], cal: Calibration) -> None:
+def check_conservation(trace: Trace, plans: Sequence[Plan], cal: Calibration,
+                       floors: dict[int, float] | None = None) -> None:
     """Raise if the simulated kernels did less work than their Plans need: the union of the
     intervals in which any kernel ran must hold the floor of every token (each kernel's own
-    segments are checked as they end, in the engine; this checks the whole run at once)."""
+    segments are checked as they end, in the engine; this checks the whole run at once).
+    ``floors``: each Plan's floor by ``id``, where the caller has them."""
     ev = trace.events
     k = (ev["kind"] == "kernel").to_numpy()
     if not k.any():
         return
-    start, end = ev["start_ns"].to_numpy()[k], ev["end_ns"].to_numpy()[k]
-    order = np.argsort(start, kind="stable")
-    s, e = start[order].astype(np.float64), np.maximum.accumulate(end[order].astype(np.float64))
+    start, end = ev["start_ns"].to_numpy()[k].astype(np.float64), ev["end_ns"].to_numpy()[k].astype(np.float64)
+    if not (start[1:] >= start[:-1]).all():  # a Trace keeps its rows by start time; others are sorted here
+        order = np.argsort(start, kind="stable")
+        start, end = start[order], end[order]
+    s, e = start, np.maximum.accumulate(end)
     # a new busy stretch starts where a kernel starts after every earlier kernel ended
     new = np.ones(len(s), bool)
     new[1:] = s[1:] > e[:-1]
     first = np.flatnonzero(new)
     last = np.append(first[1:], len(s)) - 1
     busy = float((e[last] - s[first]).sum())
-    floors = _floors(plans, cal)
+    floors = floors if floors is not None else _floors(plans, cal)
     need = sum(floors[id(p)] for p in plans)
     if busy + len(s) < need * (1 - 1e-9):  # start/end are whole ns: up to 1 ns lost per kernel
         raise RuntimeError(f"simulator: conservation violated: kernels were busy {busy / 1e3:.1f} us but the "

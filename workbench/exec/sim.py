@@ -39,7 +39,7 @@ from ..strategy import HostOp, Launch, Plan, Strategy
 from ..trace import API_ROW, Trace, stream_row
 from .calibration import Calibration, load_calibration
 from .cost import KernelCost, kernel_cost, memcpy_ns
-from .floor import check_conservation, floor_stats
+from .floor import check_conservation, floor_of, floor_stats
 from .run import Run
 
 # stream-op kinds
@@ -626,10 +626,6 @@ class _Engine:
         if self.fluid:
             self._reflow()
 
-    def _version(self, f: list[float]) -> float:
-        self.fluid_version += 1
-        f[3] = float(self.fluid_version)
-        return f[3]
 
     def _reflow(self) -> None:
         """Water-filling: each kernel gets min(cap, fair share of what is left)."""
@@ -638,7 +634,9 @@ class _Engine:
             (o, f), = fl.items()
             if f[1] != f[2]:
                 f[1] = f[2]
-                self._push(self.now + max(f[0], 0.0) / f[1], _SEGMENT, o, self._version(f))
+                self.fluid_version += 1
+                f[3] = self.fluid_version
+                self._push(self.now + max(f[0], 0.0) / f[1], _SEGMENT, o, f[3])
             return
         left = 1.0
         items = sorted(fl.items(), key=lambda kv: kv[1][2])
@@ -648,7 +646,9 @@ class _Engine:
             left -= r
             if r != f[1]:
                 f[1] = r
-                self._push(self.now + max(f[0], 0.0) / r, _SEGMENT, o, self._version(f))
+                self.fluid_version += 1
+                f[3] = self.fluid_version
+                self._push(self.now + max(f[0], 0.0) / r, _SEGMENT, o, f[3])
 
     # completion ------------------------------------------------------------------------------
     def _end(self, o: int) -> None:
@@ -759,7 +759,7 @@ def simulate(plans: Sequence[Plan], cal: Calibration, *, memo: bool = True) -> T
         "source": "sim", "gpu": cal.gpu, "device": cal.device_label, "host_profile": cal.host_profile,
         "device_events": eng.n_device_events,
     })
-    check_conservation(trace, plans, cal)
+    check_conservation(trace, plans, cal, {k: floor_of(pi.costs, cal) for k, pi in eng.infos.items()})
     return trace
 
 
