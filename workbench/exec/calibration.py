@@ -154,11 +154,12 @@ class Calibration:
         return cal
 
 
+#: device fields a file may leave out (the eager launch model; older files predate them)
+_OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns", "eager_event_gap_ns", "eager_pdl_release_ns",
+                           "eager_channel_switch_ns")
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
-                                    "ops", *(_EAGER := ("eager_dependency_gap_ns", "eager_event_gap_ns",
-                                                        "eager_pdl_release_ns", "eager_channel_switch_ns")))]
-_OPTIONAL_DEVICE_FIELDS = _EAGER
+                                    "ops", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
 _FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]

@@ -14,7 +14,12 @@ of the GPU (parameters in ``data/calibration/<gpu>.json``):
   (each up to its grid's cap, the whole GPU at most). A kernel launched with PDL may start
   ``pdl_launch_ns`` after its predecessor on the stream triggered (``launch_dependents``) if
   resident-thread slots allow; its prologue (and the work before ``griddepcontrol.wait``)
-  overlaps the predecessor, the rest waits for the predecessor to complete.
+  overlaps the predecessor, the rest waits for the predecessor to complete;
+* kernels launched **eagerly** (no graph) pay the GPU front end's share: a larger gap after
+  their predecessor, one more channel switch per other stream holding issued work, the eager
+  gap after an event wait, and a later release of a PDL wait (``Calibration.eager_*``);
+* **conservation**: a kernel's work never ends before the GPU share it got covers it, and the
+  whole trace is checked against the Plans' bytes / bandwidth floor (``floor.py``).
 
 Under graph replay every token's device schedule repeats: when a replay starts on an idle GPU
 and the host program cannot launch more work before it syncs on that stream, the replay's
