@@ -188,3 +188,20 @@ def test_eager_event_wait_costs_the_eager_gap() -> None:
     qkv = Strategy(streams="qkv", sync="boundary")
     assert _us(cfg, qkv, far) > _us(cfg, qkv, near) + 5000 / 1e3  # at least one join per token waits it
     assert cal.eager_event_gap == cal.eager_gap_ns  # absent from the file: the eager launch gap
+
+
+def test_fit_eager_recovers_the_parameter_that_made_the_data() -> None:
+    """Round trip: knob effects simulated with a known eager_pdl_release_ns are fitted back."""
+    from dataclasses import replace
+
+    from workbench.exec.fit_eager import KnobCell, fit_one
+
+    cal = load_calibration("h200")
+    truth = replace(cal, eager_pdl_release_ns=700.0)
+    cells = []
+    for model, layers in (("llama-3.2-1b", 2), ("qwen3-next-80b-a3b", 4)):
+        probe = KnobCell("synthetic", model, layers, 512, 0, 3, Strategy(pdl=True), 0.0, 0.0)
+        cells.append(replace(probe, eager_us=probe.predict(truth, Strategy()),
+                             knob_us=probe.predict(truth, Strategy(pdl=True))))
+    value, rms, _ = fit_one(replace(cal, eager_pdl_release_ns=0.0), cells, "eager_pdl_release_ns")
+    assert value == 700.0 and rms < 1e-6

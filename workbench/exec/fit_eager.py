@@ -10,7 +10,9 @@ device-side edges do not, and ``workbench calibrate``'s per-call host costs do n
   of ``qkv`` streams slows every kernel of the main stream while the side streams hold the next
   branch, which is why eager ``qkv`` streams do not pay off where the host runs far ahead.
 
-Both are fitted here, each by a one-dimensional search with the simulator in the loop, so that
+(A kernel that an eager event wait holds starts ``eager_event_gap_ns`` after the recorded work;
+absent from a file that is the eager launch gap, not fitted here.) Both are fitted here, each by
+a one-dimensional search with the simulator in the loop, so that
 the simulated speedup of ``eager+pdl`` and ``eager+qkv+boundary`` over ``eager`` matches the
 calibration runs' (``workbench calibrate``'s untraced us/token of each calibration model, in the
 raw file) and, given ``--decode``, ``benchmarks/gpu_decode.py``'s, least squares in percentage points:
@@ -22,7 +24,6 @@ raw file) and, given ``--decode``, ``benchmarks/gpu_decode.py``'s, least squares
 from __future__ import annotations
 
 import argparse
-import gzip
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -47,10 +48,10 @@ GRID = np.arange(0.0, 2601.0, 100.0)
 
 
 def read_raw(path: str | Path) -> dict[str, Any]:
-    p = Path(path)
-    opener = gzip.open if p.suffix == ".gz" else open
-    with opener(p, "rt") as f:
-        return json.load(f)
+    """A raw file of ``workbench calibrate --raw`` (.json or .json.gz)."""
+    from .calibrate import _read_json
+
+    return _read_json(Path(path))
 
 
 @dataclass(frozen=True)
