@@ -18,6 +18,9 @@ from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_
 
 SPECS = (ModelSpec("llama-3.2-1b", 1, 512), ModelSpec("llama-3.1-8b", 2, 2048, 1800))
 
+#: a datasheet-era calibration (no measured families or ops): the base these tests build on
+DATASHEET_H100 = CALIBRATION_DIR.parents[1] / "data" / "bench" / "calibration_h100_datasheet.json"
+
 
 def _synthetic_probes(cal) -> dict:
     """What the probe kernels would measure on a GPU that behaves exactly like ``cal``."""
@@ -69,7 +72,7 @@ def _host_ops_of(trace) -> list[dict]:
 
 @pytest.fixture(scope="module", params=["cupti-periods", "host-clock"])
 def round_trip(request) -> tuple[dict, object]:
-    cal = load_calibration("h100")
+    cal = load_calibration(path=DATASHEET_H100)
     runs = []
     for spec in SPECS:
         for label, st in CALIBRATION_STRATEGIES.items():
@@ -81,7 +84,7 @@ def round_trip(request) -> tuple[dict, object]:
             runs.append((spec, label, run.trace, info))
     raw = {"environment": {"gpu_name": "simulated H100", "date": "2026-01-01T00:00:00"}, "gpu": "h100",
            "device": _synthetic_probes(cal), **trace_tables(runs)}
-    base = json.loads((CALIBRATION_DIR / "h100.json").read_text())
+    base = json.loads(DATASHEET_H100.read_text())
     return fit(json.loads(json.dumps(raw)), base), cal
 
 
@@ -123,7 +126,7 @@ def test_fitted_file_loads_with_a_source_for_every_field(round_trip) -> None:
     assert all("measured by `workbench calibrate`" in out["sources"][f"families.{f}.fixed_ns"] for f in cal.families)
     assert "measured" in out["sources"]["host_profiles.python.launch_ns"]
     # llama.cpp's profiles are kept as shipped
-    shipped = json.loads((CALIBRATION_DIR / "h100.json").read_text())
+    shipped = json.loads(DATASHEET_H100.read_text())
     assert out["host_profiles"]["llama.cpp"] == shipped["host_profiles"]["llama.cpp"]
 
 

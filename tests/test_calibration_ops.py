@@ -24,10 +24,13 @@ from workbench.models import build_graph, load_config
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
 
+#: a datasheet-era calibration (no measured families or ops): the base these tests build on
+DATASHEET_H100 = CALIBRATION_DIR.parents[1] / "data" / "bench" / "calibration_h100_datasheet.json"
+
 
 def _with_ops(ops: dict[str, dict[str, float]]) -> dict:
     """The H100 file (no ``ops`` section) with ``ops`` added, every field sourced."""
-    data = json.loads((CALIBRATION_DIR / "h100.json").read_text())
+    data = json.loads(DATASHEET_H100.read_text())
     data["ops"] = ops
     for op, fc in ops.items():
         for k in fc:
@@ -36,7 +39,7 @@ def _with_ops(ops: dict[str, dict[str, float]]) -> dict:
 
 
 def test_files_without_an_ops_section_still_load() -> None:
-    cal = load_calibration("h100")
+    cal = load_calibration(path=DATASHEET_H100)
     assert cal.ops == {}
     node = next(n for n in build_graph(load_config("llama-3.2-1b", layers=1, context=256)).nodes if n.op == "MUL_MAT")
     assert measured_fit(node, cal)[0] in ("family", "device")
@@ -70,7 +73,7 @@ def test_kernel_cost_prefers_op_kernel_then_op_then_family_then_device() -> None
     per_row = [n for n in mm.values() if executor_kernel(n) == "k_mul_mat_vec_f16"]
     assert rows and per_row and all(n.srcs[0].numel // n.srcs[0].shape[-1] >= 8192 for n in rows)
     norm = next(n for n in graph.nodes if n.op == "RMS_NORM")
-    base = replace(load_calibration("h100"), families={}, ops={})
+    base = replace(load_calibration(path=DATASHEET_H100), families={}, ops={})
     plain = {n.name: kernel_cost(n, base) for n in [*rows, *per_row, norm]}
 
     def check(cal, node, source: str, fixed: float, scale: float) -> None:

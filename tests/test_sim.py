@@ -21,7 +21,9 @@ from workbench.strategy.steps import plans_for_steps
 from workbench.trace import API_ROW, COLUMNS
 from workbench.trace.stats import device_gaps, summarize
 
-CAL = load_calibration("h100")
+#: the exact-timing tests are written against the datasheet-era H100 file's documented numbers
+#: (reference/gpu-notes.md), kept verbatim in data/bench since h100.json became the measured one
+CAL = load_calibration(path=CALIBRATION_DIR.parents[1] / "data" / "bench" / "calibration_h100_datasheet.json")
 
 
 # -------------------------------------------------------------------------------------------
@@ -248,7 +250,7 @@ def test_tiny_presets_simulate_under_knob_combinations(model):
 
 
 def test_stats_gaps_name_the_host_cause():
-    run = workbench.run(preset("llama-3.2-1b", layers=2), Strategy(), tokens=3, backend="sim", gpu="h100")
+    run = workbench.run(preset("llama-3.2-1b", layers=2), Strategy(), tokens=3, backend="sim", calibration=CAL)
     gaps = device_gaps(run.trace)
     host = gaps[gaps["cause"] == "host"]
     # eager: kernels wait for their launches; the gap after each is a launch minus a kernel
@@ -260,8 +262,7 @@ def test_stats_gaps_name_the_host_cause():
 
 def test_h200_is_faster_and_host_profiles_apply():
     cfg = preset("llama-3.2-1b", layers=2)
-    # the H200's faster HBM streams the lm_head mat-vec sooner (the whole step is not compared: the
-    # H200 file is measured, with real per-kernel costs, the H100 one datasheet-based)
+    # the H200's faster HBM streams the lm_head mat-vec sooner
     from workbench.models import build_graph
 
     lm_head = build_graph(cfg).node("result_output")

@@ -7,13 +7,15 @@ import argparse
 import json
 import sys
 from pathlib import Path
-from typing import Any
 
 from ..exec.calibrate.check import calibration_run_errors
 from ..exec.calibrate.fit import fit
 from ..exec.calibrate.measure import measure
+from ..exec.calibrate.raw import read_json, write_json
 from ..exec.calibrate.specs import CALIBRATION_MODELS, ModelSpec
 from ..exec.calibration import CALIBRATION_DIR, parse_calibration
+from ..exec.fit_eager import fit as fit_eager
+from ..exec.fit_eager import has_eager_runs
 from ..preflight import calibrate_checks
 
 
@@ -41,38 +43,24 @@ def parse_models(text: str | None) -> list[ModelSpec]:
     return out
 
 
-def _read_json(path: Path) -> Any:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "rt", encoding="utf-8") as f:
-        return json.load(f)
-
-
-def _write_json(path: Path, obj: Any) -> None:
-    import gzip
-
-    opener = gzip.open if path.suffix == ".gz" else open
-    with opener(path, "wt", encoding="utf-8") as f:
-        json.dump(obj, f, separators=(",", ":"))
-
-
 def main(args: argparse.Namespace) -> int:
     calibrate_checks(vars(args))
     if args.from_raw:
-        raw = _read_json(Path(args.from_raw))
+        raw = read_json(Path(args.from_raw))
     else:
         from ..exec.kernels import require_cupy
 
         require_cupy()
         raw = measure(parse_models(args.models), tokens=args.tokens, log=lambda s: print(s, file=sys.stderr))
         if args.raw:
-            _write_json(Path(args.raw), raw)
+            write_json(Path(args.raw), raw)
     gpu = raw.get("gpu", "gpu")
     base_path = Path(args.base) if args.base else CALIBRATION_DIR / f"{gpu}.json"
     if not base_path.exists():
         base_path = CALIBRATION_DIR / "h100.json"
     cal = fit(raw, json.loads(base_path.read_text()))
+    if has_eager_runs(raw):  # the eager PDL / multi-stream front-end parameters (simulator in the loop)
+        cal = fit_eager(raw, cal, log=lambda s: print(s, file=sys.stderr))
     parsed = parse_calibration(cal, "fitted calibration")  # the simulator must be able to read it
     out = Path(args.out) if args.out else CALIBRATION_DIR / f"{gpu}.json"
     out.write_text(json.dumps(cal, indent=2) + "\n")

@@ -92,7 +92,7 @@ def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) 
         "tokens": s.get("tokens", 0), "start_pos": args.start_pos,
     }
     for key in ("us_per_token", "tokens_per_s", "kernels_per_token", "launches_per_token", "syncs_per_token",
-                "gpu_busy_fraction", "host_gap_us_per_token"):
+                "gpu_busy_fraction", "host_gap_us_per_token", "floor_us_per_token", "floor_fraction"):
         out[key] = s.get(key)
     out["memory_bytes"] = s.get("memory_bytes", run.plan.memory_bytes if run.plan else None)
     if run.backend == "sim":
@@ -137,6 +137,9 @@ def describe(out: dict[str, Any]) -> str:
                      f"host-caused GPU idle {out['host_gap_us_per_token']:.1f} us/token")
     else:
         lines.append(f"{out['tokens']} tokens (no timing from the {out['backend']} backend)")
+    if out.get("floor_fraction") is not None:
+        lines.append(f"memory floor {out['floor_us_per_token']:.1f} us/token (bytes / the calibrated bandwidth): "
+                     f"this run is at {100 * out['floor_fraction']:.1f}% of floor speed")
     if out.get("memory_bytes") is not None:
         lines.append(f"memory {out['memory_bytes'] / 2**20:.1f} MiB "
                      "(weights, caches, inputs/outputs and scratch arena)")

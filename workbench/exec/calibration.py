@@ -95,11 +95,32 @@ class Calibration:
     #: optional: gap between stream-ordered kernels launched one by one (no graph) when the next
     #: one is already queued; -1 (absent from the file) means ``dependency_gap_ns``
     eager_dependency_gap_ns: float = -1.0
+    #: optional: from the completion of work recorded in an event to the start of a kernel that an
+    #: eagerly issued ``cudaStreamWaitEvent`` holds on another stream (the host interface switches
+    #: to the waiting channel and then does the launch's front-end work); -1 means ``eager_gap_ns``
+    eager_event_gap_ns: float = -1.0
+    #: optional: from the completion of its predecessor to the release of an eagerly launched PDL
+    #: kernel's ``griddepcontrol.wait`` (the completion travels through the front end, not a
+    #: graph's device-side edge); -1 means ``pdl_release_ns``
+    eager_pdl_release_ns: float = -1.0
+    #: optional: extra gap before an eagerly launched kernel per *other* stream with work queued
+    #: (the GPU's host interface serves the channels with pending work in turn); 0 when absent
+    eager_channel_switch_ns: float = 0.0
 
     @property
     def eager_gap_ns(self) -> float:
         """Gap before a queued eagerly launched kernel (the GPU front end's per-launch work)."""
         return self.eager_dependency_gap_ns if self.eager_dependency_gap_ns >= 0 else self.dependency_gap_ns
+
+    @property
+    def eager_event_gap(self) -> float:
+        """Gap from recorded work to a kernel held by an eager event wait on another stream."""
+        return self.eager_event_gap_ns if self.eager_event_gap_ns >= 0 else self.eager_gap_ns
+
+    @property
+    def eager_pdl_release(self) -> float:
+        """Predecessor completion to the release of an eagerly launched PDL kernel's wait."""
+        return self.eager_pdl_release_ns if self.eager_pdl_release_ns >= 0 else self.pdl_release_ns
 
     @property
     def dram_Bpns(self) -> float:
@@ -133,10 +154,12 @@ class Calibration:
         return cal
 
 
+#: device fields a file may leave out (the eager launch model; older files predate them)
+_OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns", "eager_event_gap_ns", "eager_pdl_release_ns",
+                           "eager_channel_switch_ns")
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
-                                    "ops", "eager_dependency_gap_ns")]
-_OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns",)
+                                    "ops", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
 _FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]

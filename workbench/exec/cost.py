@@ -7,7 +7,9 @@ so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwi
 compute rate is limited to the share of SMs it occupies. That fraction is the kernel's ``cap``;
 concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps. A
 measured calibration replaces the fixed part and scales the work per ggml op, or per kernel
-family for ops it did not measure (``measured_fit``).
+family for ops it did not measure (``measured_fit``). A scale below 1 is taken off the fixed
+part instead, so the work that kernels share is never shorter than their bytes at the calibrated
+bandwidth (the floor that ``workbench.exec.floor`` checks).
 
 Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels for a decode step
 (one token): one block per output row for mat-vec, one block per row for norms and softmax,
@@ -155,12 +157,22 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     nbytes, flops = float(node.bytes), float(node.flops)
     _, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
     scale = fam.work_scale if fam else 1.0
-    mem_ns = nbytes / cal.dram_Bpns * scale
-    cmp_ns = flops / cal.fp32_flops_per_ns * scale
+    fixed = fam.fixed_ns if fam else cal.kernel_fixed_ns
     slots = cal.sm_count * cal.max_threads_per_sm
     resident = min(blocks * threads, slots)
     mem_cap = min(1.0, resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns))
     sm_cap = min(1.0, min(blocks, cal.sm_count) / cal.sm_count)
+    mem_ns, cmp_ns = nbytes / cal.dram_Bpns, flops / cal.fp32_flops_per_ns
+    if scale < 1.0:
+        # conservation: a fit may scale the roofline down, but no kernel moves its bytes faster
+        # than the calibrated bandwidth (nor does its flops faster than the peak rate): the work
+        # that shares the GPU stays the plain roofline and the fit's saving comes off the fixed
+        # part, so the kernel alone takes what the fit says (down to the PDL-overlapped prologue)
+        fitted = max(mem_ns * scale / mem_cap, cmp_ns * scale / sm_cap)
+        plain = max(mem_ns / mem_cap, cmp_ns / sm_cap)
+        fixed = max(cal.pdl_prologue_ns + cal.pdl_first_read_setup_ns, fixed - (plain - fitted))
+    else:
+        mem_ns, cmp_ns = mem_ns * scale, cmp_ns * scale
     work = max(mem_ns, cmp_ns)
     alone = max(mem_ns / mem_cap, cmp_ns / sm_cap)
     cap = work / alone if alone > 0 else 1.0
@@ -169,7 +181,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
         name=kernel_name(node), blocks=blocks, threads=threads, bytes=nbytes, flops=flops,
         work_ns=work, cap=cap, occupancy=min(1.0, blocks * threads / slots),
         write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0,
-        fixed_ns=fam.fixed_ns if fam else cal.kernel_fixed_ns,
+        fixed_ns=fixed,
     )
 
 

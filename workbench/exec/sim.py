@@ -14,7 +14,12 @@ of the GPU (parameters in ``data/calibration/<gpu>.json``):
   (each up to its grid's cap, the whole GPU at most). A kernel launched with PDL may start
   ``pdl_launch_ns`` after its predecessor on the stream triggered (``launch_dependents``) if
   resident-thread slots allow; its prologue (and the work before ``griddepcontrol.wait``)
-  overlaps the predecessor, the rest waits for the predecessor to complete.
+  overlaps the predecessor, the rest waits for the predecessor to complete;
+* kernels launched **eagerly** (no graph) pay the GPU front end's share: a larger gap after
+  their predecessor, one more channel switch per other stream holding issued work, the eager
+  gap after an event wait, and a later release of a PDL wait (``Calibration.eager_*``);
+* **conservation**: a kernel's work never ends before the GPU share it got covers it, and the
+  whole trace is checked against the Plans' bytes / bandwidth floor (``floor.py``).
 
 Under graph replay every token's device schedule repeats: when a replay starts on an idle GPU
 and the host program cannot launch more work before it syncs on that stream, the replay's
@@ -33,10 +38,13 @@ from dataclasses import dataclass
 import numpy as np
 import pandas as pd
 
-from ..strategy import HostOp, Launch, Plan
+from ..models import ModelConfig
+from ..strategy import HostOp, Launch, Plan, Strategy
+from ..strategy.steps import plans_for_steps
 from ..trace import API_ROW, Trace, stream_row
 from .calibration import Calibration
 from .cost import KernelCost, kernel_cost, memcpy_ns
+from .floor import check_conservation, floor_of
 
 # stream-op kinds
 KERNEL, MEMCPY, WAIT, GRAPH = 0, 1, 2, 3
@@ -211,8 +219,9 @@ class _Engine:
         self.holders: dict[int, float] = {}
         self.occ = 0.0
         self.res_wait: list[int] = []
-        self.fluid: dict[int, list[float]] = {}   # op -> [remaining, rate, cap, version]
+        self.fluid: dict[int, list[float]] = {}   # op -> [remaining, rate, cap, version, amount]
         self.fluid_t = 0.0
+        self.fluid_version = 0  # one counter for all segments: a stale _SEGMENT never matches a later one
         self.engine_free = [0.0, 0.0]               # H2D, D2H copy engines
         self.graph_left: dict[int, int] = {}        # graph op -> internal ops not yet complete
         self.graph_events: dict[int, int] = {}
@@ -444,17 +453,26 @@ class _Engine:
         cal = self.cal
         kind = self.kind[o]
         t = max(self.now, self.ready[o])
+        ev_gap = cal.dependency_gap_ns if self.graph_of[o] >= 0 else cal.eager_event_gap
         for d in self.deps[o]:
             de = self.end[d]
             if de != de:
                 self.done_waiters.setdefault(d, []).append((_TRY, s))
                 return
-            t = max(t, de + cal.dependency_gap_ns)
+            t = max(t, de + ev_gap)
         pred = self.prev[o]
         pdl_pred = -1
         if pred >= 0:
             pe = self.end[pred]
-            gap = cal.dependency_gap_ns if self.graph_of[o] >= 0 else cal.eager_gap_ns  # graph vs eager launch
+            if self.graph_of[o] >= 0:
+                gap = cal.dependency_gap_ns
+            else:  # eager launch: the front end's work, after its turns on other streams' channels
+                gap = cal.eager_gap_ns
+                if cal.eager_channel_switch_ns and len(self.queues) > 1:
+                    now, ready = self.now, self.ready  # issued by the host by now: the head's ready time passed
+                    gap += cal.eager_channel_switch_ns * sum(
+                        1 for st, oq in self.queues.items() if oq and st != s and st < _GRAPH_STREAMS
+                        and ready[oq[0]] <= now)
             if kind == KERNEL and self.kind[pred] == KERNEL and self._launch(o).pdl:
                 tr = self.trig[pred]
                 cand = math.inf
@@ -568,7 +586,7 @@ class _Engine:
                     if pe != pe:
                         self.done_waiters.setdefault(k.pdl_pred, []).append((_GATE, o))
                         return
-                    g = pe + self.cal.pdl_release_ns
+                    g = pe + (self.cal.pdl_release_ns if self.graph_of[o] >= 0 else self.cal.eager_pdl_release)
                     if g > self.now:
                         self._push(g, _GATE, o)
                         return
@@ -597,14 +615,21 @@ class _Engine:
 
     def _fluid_add(self, o: int, amount: float, cap: float) -> None:
         self._fluid_sync()
-        self.fluid[o] = [amount, 0.0, cap, 0.0]
+        self.fluid[o] = [amount, 0.0, cap, -1.0, amount]
         self._reflow()
 
     def _fluid_remove(self, o: int) -> None:
+        """End a work segment, checking conservation: the rate it got, integrated over time, covers
+        its work (a kernel never finishes bytes it has not moved, whatever PDL or streams overlap)."""
         self._fluid_sync()
-        del self.fluid[o]
+        f = self.fluid.pop(o)
+        if f[0] > 1e-6 * f[4] + 1e-3:
+            raise RuntimeError(f"simulator: conservation violated: a work segment of "
+                               f"{self._launch(o).node.name} ended with {f[0]:.1f} of {f[4]:.1f} ns of work "
+                               "left (internal error)")
         if self.fluid:
             self._reflow()
+
 
     def _reflow(self) -> None:
         """Water-filling: each kernel gets min(cap, fair share of what is left)."""
@@ -613,7 +638,8 @@ class _Engine:
             (o, f), = fl.items()
             if f[1] != f[2]:
                 f[1] = f[2]
-                f[3] += 1
+                self.fluid_version += 1
+                f[3] = self.fluid_version
                 self._push(self.now + max(f[0], 0.0) / f[1], _SEGMENT, o, f[3])
             return
         left = 1.0
@@ -624,7 +650,8 @@ class _Engine:
             left -= r
             if r != f[1]:
                 f[1] = r
-                f[3] += 1
+                self.fluid_version += 1
+                f[3] = self.fluid_version
                 self._push(self.now + max(f[0], 0.0) / r, _SEGMENT, o, f[3])
 
     # completion ------------------------------------------------------------------------------
@@ -736,4 +763,12 @@ def simulate(plans: Sequence[Plan], cal: Calibration, *, memo: bool = True) -> T
         "source": "sim", "gpu": cal.gpu, "device": cal.device_label, "host_profile": cal.host_profile,
         "device_events": eng.n_device_events,
     })
+    check_conservation(trace, plans, cal, {k: floor_of(pi.costs, cal) for k, pi in eng.infos.items()})
     return trace
+
+
+def simulate_steps(cfg: ModelConfig, strategy: Strategy, n_tokens: int, cal: Calibration, start_pos: int = 0,
+                   memo: bool = True) -> Trace:
+    """``simulate`` over the Plans of ``n_tokens`` steps from ``start_pos`` (``plans_for_steps``):
+    for library code that needs a simulated timing without a Run (calibration fits and checks)."""
+    return simulate(plans_for_steps(cfg, strategy, n_tokens, start_pos, cal.compute_capability), cal, memo=memo)

@@ -6,6 +6,7 @@ from dataclasses import dataclass
 
 from .backend import RunRequest
 from .calibration import Calibration, default_gpu, load_calibration
+from .floor import floor_stats
 from .run import Run
 from .sim import simulate
 
@@ -78,5 +79,6 @@ class SimBackend:
         trace.meta.update(model=req.cfg.name, strategy=req.strategy.label(), calibration=cal.gpu)
         stats = summarize(trace)
         stats["memory_bytes"] = max(p.memory_bytes for p in plans)
+        stats.update(floor_stats(plans, cal, stats["us_per_token"]))
         return Run("sim", cal.device_label, plans[-1], None, trace, stats,
                    {"calibration": cal, "plans": plans, "start_pos": req.start_pos})

@@ -18,9 +18,8 @@ def calibration_run_errors(raw: Mapping[str, Any], cal: Calibration) -> pd.DataF
     measured (untraced) and predicted us/token and the error; and, for the graph-replay run of
     each model, its kernels' time per token measured (CUPTI durations less what tracing adds)
     and predicted, which separates the kernel-duration model from the rest of the simulator."""
-    from ...strategy.steps import plans_for_steps
     from ...trace.stats import us_per_token
-    from ..sim import simulate
+    from ..sim import simulate_steps
 
     runs = pd.DataFrame(raw["runs"])
     inflation = cupti_kernel_ns(raw)
@@ -28,9 +27,8 @@ def calibration_run_errors(raw: Mapping[str, Any], cal: Calibration) -> pd.DataF
     rows = []
     for r in runs.itertuples():
         spec = ModelSpec.from_columns(r.spec_model, r.spec_layers, r.spec_context, r.spec_pos)
-        plans = plans_for_steps(spec.config(), CALIBRATION_STRATEGIES[r.strategy], int(r.tokens), spec.pos,
-                                cal.compute_capability)
-        us = us_per_token(simulate(plans, cal))
+        us = us_per_token(simulate_steps(spec.config(), CALIBRATION_STRATEGIES[r.strategy], int(r.tokens), cal,
+                                         spec.pos))
         row = {"model": r.model, "strategy": r.strategy, "measured_us": float(r.untraced_us_per_token),
                "predicted_us": us, "error_pct": 100 * (us / r.untraced_us_per_token - 1)}
         if r.strategy == GRAPHS and r.model in kern.index:

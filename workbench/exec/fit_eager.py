@@ -1,0 +1,198 @@
+"""Fit the simulator's eager PDL and eager multi-stream device parameters to measured knob effects.
+
+Launched one by one (no CUDA graph), two things cost the GPU's front end time that a graph's
+device-side edges do not, and ``workbench calibrate``'s per-call host costs do not see them:
+
+* ``eager_pdl_release_ns``: an eagerly launched PDL kernel's ``griddepcontrol.wait`` is released
+  this long after its predecessor completes (under graphs: ``pdl_release_ns``);
+* ``eager_channel_switch_ns``: an eager launch waits this much longer per *other* stream that has
+  work queued (the host interface serves the channels with pending work in turn): the fork/join
+  of ``qkv`` streams slows every kernel of the main stream while the side streams hold the next
+  branch, which is why eager ``qkv`` streams do not pay off where the host runs far ahead.
+
+(A kernel that an eager event wait holds starts ``eager_event_gap_ns`` after the recorded work;
+absent from a file that is the eager launch gap, not fitted here.) Both are fitted here, each by
+a one-dimensional search with the simulator in the loop, so that
+the simulated speedup of ``eager+pdl`` and ``eager+qkv+boundary`` over ``eager`` matches the
+calibration runs' (``workbench calibrate``'s untraced us/token of each calibration model, in the
+raw file) and, given ``--decode``, ``benchmarks/gpu_decode.py``'s, least squares in percentage points:
+
+    python -m workbench.exec.fit_eager data/bench/calibration_raw_h200.json.gz \\
+        --decode data/bench/gpu_decode.json --calibration data/calibration/h200.json --write
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from ..models import load_config
+from ..strategy import Strategy
+from ..trace.stats import us_per_token
+from .calibrate.raw import read_json
+from .calibration import Calibration, parse_calibration
+from .sim import simulate_steps
+
+#: the calibration strategies (``calibrate.CALIBRATION_STRATEGIES``) whose effect each parameter sets
+KNOBS: dict[str, tuple[str, Strategy]] = {
+    "eager_pdl_release_ns": ("eager+pdl", Strategy(pdl=True)),
+    "eager_channel_switch_ns": ("eager+qkv+boundary", Strategy(streams="qkv", sync="boundary")),
+}
+BASE = ("eager", Strategy())
+#: the search range of both parameters (ns): 0 up to two eager launch gaps
+GRID = np.arange(0.0, 2601.0, 100.0)
+
+
+def read_raw(path: str | Path) -> dict[str, Any]:
+    """A raw file of ``workbench calibrate --raw`` (.json or .json.gz)."""
+    return read_json(Path(path))
+
+
+@dataclass(frozen=True)
+class KnobCell:
+    """One measured eager knob effect: a model shape, the knob's strategy, and the measured
+    us/token of ``eager`` and of the knob's strategy."""
+
+    source: str
+    model: str
+    layers: int | None
+    context: int | None
+    pos: int
+    tokens: int
+    strategy: Strategy
+    eager_us: float
+    knob_us: float
+
+    def predict(self, cal: Calibration, st: Strategy) -> float:
+        cfg = load_config(self.model, layers=self.layers, context=self.context)
+        return us_per_token(simulate_steps(cfg, st, self.tokens, cal, self.pos))
+
+    @property
+    def label(self) -> str:
+        return f"{self.model}{f'/L{self.layers}' if self.layers else ''} ({self.source})"
+
+
+def has_eager_runs(raw: Mapping[str, Any]) -> bool:
+    """Whether ``raw`` holds untraced ``eager`` runs beside a run of either knob's strategy."""
+    runs = {(r.get("model"), r.get("strategy")) for r in raw.get("runs", []) if "untraced_us_per_token" in r}
+    return any((m, label) in runs for m, _ in runs for label, _ in KNOBS.values()) and any(
+        s == BASE[0] for _, s in runs)
+
+
+def calibration_cells(raw: Mapping[str, Any], knob: str) -> list[KnobCell]:
+    """``knob``'s cells from the raw file of ``workbench calibrate`` (untraced us/token)."""
+    label, st = KNOBS[knob]
+    runs = {(r["model"], r["strategy"]): r for r in raw["runs"]}
+    return [KnobCell("calibrate", r["spec_model"], r["spec_layers"], r["spec_context"], int(r["spec_pos"]),
+                     int(r["tokens"]), st, float(runs[(m, "eager")]["untraced_us_per_token"]),
+                     float(r["untraced_us_per_token"]))
+            for (m, s_), r in runs.items() if s_ == label and (m, "eager") in runs]
+
+
+#: gpu_decode.json's rows -> the knob they measure (``benchmarks/gpu_decode.py``'s ``alone()``)
+DECODE_ROWS = {"eager_pdl_release_ns": ("pdl", Strategy(pdl=True)),
+               "eager_channel_switch_ns": ("qkv", Strategy(streams="qkv", allocator="stream-aware"))}
+
+
+def decode_cells(decode: Mapping[str, Any], knob: str, tokens: int = 16) -> list[KnobCell]:
+    """``knob``'s cells from ``benchmarks/gpu_decode.py``'s JSON (steps 448.. of context 512; the
+    simulator runs ``tokens`` of them, its steady state is reached after the first)."""
+    row, st = DECODE_ROWS[knob]
+    out = []
+    for key, rows in decode.items():
+        if not isinstance(rows, dict) or "default" not in rows or row not in rows:
+            continue
+        model, _, layers = key.partition("-L")
+        out.append(KnobCell("gpu_decode", model, int(layers) if layers.isdigit() else None, 512, 448, tokens, st,
+                            float(rows["default"]["us_per_token_median"]), float(rows[row]["us_per_token_median"])))
+    return out
+
+
+def speedup_pct(t_without: float, t_with: float) -> float:
+    """A knob's speedup as the fidelity report writes it: ``t(without) / t(with) - 1``, in %."""
+    return 100.0 * (t_without / t_with - 1.0)
+
+
+def knob_errors(cal: Calibration, cells: Sequence[KnobCell],
+                base: dict[KnobCell, float] | None = None) -> list[tuple[str, float, float]]:
+    """(cell, measured %, simulated %) of each cell's knob against eager (``base`` caches the
+    simulated eager runs, which neither parameter changes)."""
+    base = {} if base is None else base
+    out = []
+    for c in cells:
+        if c not in base:
+            base[c] = c.predict(cal, BASE[1])
+        out.append((c.label, speedup_pct(c.eager_us, c.knob_us), speedup_pct(base[c], c.predict(cal, c.strategy))))
+    return out
+
+
+def fit_one(cal: Calibration, cells: Sequence[KnobCell], knob: str,
+            log: Callable[[str], None] = lambda s: None) -> tuple[float, float, list[tuple[str, float, float]]]:
+    """The grid value of ``knob`` with the least squared error of the knob's speedups, refined to
+    10 ns around the best; returns (value, rms error in pp, per-cell errors at the value)."""
+    if not cells:
+        raise ValueError(f"fit_eager: no measured {KNOBS[knob][0]!r} runs beside 'eager' runs; measure them with "
+                         "`workbench calibrate` (its default strategies include both)")
+    cache: dict[KnobCell, float] = {}
+
+    def sse(v: float) -> tuple[float, list[tuple[str, float, float]]]:
+        rows = knob_errors(replace(cal, **{knob: float(v)}), cells, cache)
+        return float(sum((s - m) ** 2 for _, m, s in rows)), rows
+
+    best = min(GRID, key=lambda v: sse(v)[0])
+    fine = np.arange(max(0.0, best - 90.0), best + 91.0, 10.0)
+    best = float(min(fine, key=lambda v: sse(v)[0]))
+    err, rows = sse(best)
+    log(f"{knob} = {best:.0f} ns: rms {np.sqrt(err / len(rows)):.2f} pp over {len(rows)} cells")
+    return best, float(np.sqrt(err / len(rows))), rows
+
+
+def fit(raw: Mapping[str, Any], base: Mapping[str, Any], decode: Mapping[str, Any] | None = None,
+        log: Callable[[str], None] = print) -> dict[str, Any]:
+    """The calibration dict ``base`` with both eager parameters fitted to ``raw``'s runs (and to
+    ``benchmarks/gpu_decode.py``'s measurements where given)."""
+    out = json.loads(json.dumps(base))
+    cal = parse_calibration(out, "base", "python")
+    env = raw.get("environment", {})
+    where = (f"fitted by `python -m workbench.exec.fit_eager` to the calibration runs of `workbench calibrate` on "
+             f"{env.get('gpu_name', '?')} ({str(env.get('date', ''))[:10]})"
+             + (f" and benchmarks/gpu_decode.py's runs on {decode['device'].get('gpu', '?')} "
+                f"({str(decode['device'].get('date', ''))[:10]})" if decode else ""))
+    for knob in KNOBS:
+        cal = replace(cal, **{knob: 0.0})
+    for knob, (label, _) in KNOBS.items():
+        cells = calibration_cells(raw, knob) + (decode_cells(decode, knob) if decode else [])
+        value, rms, rows = fit_one(cal, cells, knob, log)
+        cal = replace(cal, **{knob: value})
+        out["device"][knob] = value
+        per = "; ".join(f"{m}: measured {a:+.1f} %, simulated {s:+.1f} %" for m, a, s in rows)
+        out["sources"][f"device.{knob}"] = (
+            f"{where}: the value whose simulated speedup of {label} over eager is closest (least squares, "
+            f"rms {rms:.1f} pp) to the measured one (untraced), per measured model: {per}")
+    return out
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m workbench.exec.fit_eager", description=__doc__.split("\n\n")[0])
+    p.add_argument("raw", help="raw file of `workbench calibrate --raw` (.json or .json.gz)")
+    p.add_argument("--calibration", required=True, help="the calibration file to start from (and to rewrite)")
+    p.add_argument("--decode", help="benchmarks/gpu_decode.py's JSON (data/bench/gpu_decode.json): more cells")
+    p.add_argument("--write", action="store_true", help="rewrite --calibration with the fitted fields")
+    a = p.parse_args(argv)
+    path = Path(a.calibration)
+    decode = json.loads(Path(a.decode).read_text()) if a.decode else None
+    out = fit(read_raw(a.raw), json.loads(path.read_text()), decode)
+    if a.write:
+        path.write_text(json.dumps(out, indent=2) + "\n")
+        print(f"wrote {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
