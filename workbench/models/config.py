@@ -132,7 +132,8 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     what it leaves implicit is filled the way llama.cpp's loader does (gpt-oss: every other
     layer sliding-window, YaRN rope; qwen3moe: renormalised top-k; a missing ``output.weight``
     means tied embeddings). Llama-3 GGUFs carry their rope scaling as a ``rope_freqs`` tensor
-    rather than metadata, so their config uses plain RoPE (shapes and costs are unaffected).
+    rather than metadata: its values become ``rope_freq_factors`` (ggml's frequency factors,
+    applied by ``workbench.models.rope``), so the config rotates exactly as llama.cpp does.
     """
     import gguf
     import numpy as np
@@ -230,6 +231,9 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
         hf["linear_value_head_dim"] = int(value(p + "ssm.inner_size")) // hf["linear_num_value_heads"]
         hf["shared_expert_intermediate_size"] = int(value(p + "expert_shared_feed_forward_length"))
         hf["full_attention_interval"] = int(value(p + "full_attention_interval", 4))
+    if "rope_freqs.weight" in tensor_names:
+        t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
+        hf["rope_freq_factors"] = [float(x) for x in np.asarray(t.data, np.float32).reshape(-1)]
     name = str(value("general.name", path.stem))
     cfg = ModelConfig(name, hf)
     return cfg.with_(**runtime) if runtime else cfg

@@ -19,7 +19,21 @@ def rotary_dims(cfg: ModelConfig) -> int:
 
 
 def rope_params(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-    """``(inv_freq[n_rot/2], attention_scaling)`` for the config's rope type."""
+    """``(inv_freq[n_rot/2], attention_scaling)`` for the config's rope type, divided by
+    ``rope_freq_factors`` where the config has them (a GGUF's ``rope_freqs`` tensor: ggml's
+    per-dimension frequency factors, how Llama-3 GGUFs carry their rope scaling)."""
+    inv, attn_factor = _scaled_inv_freq(cfg)
+    factors = cfg.get("rope_freq_factors", None)
+    if factors is not None:
+        factors = np.asarray(factors, np.float32)
+        if factors.shape != inv.shape:
+            raise ConfigError(f"{cfg.name}: rope_freq_factors has {factors.size} values, the rotary "
+                              f"dimensions need {inv.size}")
+        inv = (inv / factors).astype(np.float32)
+    return inv, attn_factor
+
+
+def _scaled_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     n_rot = rotary_dims(cfg)
     base = float(cfg.get("rope_theta", 10000.0))
     inv = 1.0 / (base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot))

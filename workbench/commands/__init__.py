@@ -1,0 +1,1 @@
+"""The ``workbench`` subcommands: each module has ``configure(parser)`` and ``main(args) -> exit code``."""
