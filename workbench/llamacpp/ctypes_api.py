@@ -120,7 +120,16 @@ SIGNATURES: dict[str, tuple] = {
     "llama_decode": (C.c_int32, [C.c_void_p, Batch]),
     "llama_synchronize": (None, [C.c_void_p]),
     "llama_get_logits_ith": (C.POINTER(C.c_float), [C.c_void_p, C.c_int32]),
+    # ggml's device registry (libggml, loaded globally): which devices the build sees
+    "ggml_backend_dev_count": (C.c_size_t, []),
+    "ggml_backend_dev_get": (C.c_void_p, [C.c_size_t]),
+    "ggml_backend_dev_name": (C.c_char_p, [C.c_void_p]),
+    "ggml_backend_dev_description": (C.c_char_p, [C.c_void_p]),
+    "ggml_backend_dev_type": (C.c_int, [C.c_void_p]),
 }
+
+#: enum ggml_backend_dev_type
+DEVICE_TYPES = ("cpu", "gpu", "igpu", "accel", "meta")
 
 
 def find_libs(folder: str | Path) -> list[Path]:
@@ -179,6 +188,17 @@ class LibLlama:
     def log_since(self, n_logged: int) -> list[str]:
         """The messages logged after the count was ``n_logged``."""
         return self.log[len(self.log) - min(self.n_logged - n_logged, len(self.log)):]
+
+    def devices(self) -> list[dict[str, str]]:
+        """The devices ggml registered: name (``CUDA0``, ``CPU``), description (the GPU's name), type."""
+        out = []
+        for i in range(self.lib.ggml_backend_dev_count()):
+            dev = self.lib.ggml_backend_dev_get(i)
+            kind = self.lib.ggml_backend_dev_type(dev)
+            out.append({"name": (self.lib.ggml_backend_dev_name(dev) or b"").decode(),
+                        "description": (self.lib.ggml_backend_dev_description(dev) or b"").decode(),
+                        "type": DEVICE_TYPES[kind] if 0 <= kind < len(DEVICE_TYPES) else str(kind)})
+        return out
 
     def system_info(self) -> str:
         return (self.lib.llama_print_system_info() or b"").decode()

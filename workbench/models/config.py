@@ -234,6 +234,7 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     if "rope_freqs.weight" in tensor_names:
         t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         hf["rope_freq_factors"] = [float(x) for x in np.asarray(t.data, np.float32).reshape(-1)]
+    hf["gguf_file"] = str(path.resolve())  # the file itself, for backends that run it (llamacpp)
     name = str(value("general.name", path.stem))
     cfg = ModelConfig(name, hf)
     return cfg.with_(**runtime) if runtime else cfg
