@@ -14,6 +14,7 @@ COMMANDS = {
     "view": ("workbench.view.cli", "draw, summarise or convert a trace file"),
     "calibrate": ("workbench.exec.calibrate", "measure the simulator's cost model on this GPU"),
     "lab": ("workbench.view.lab", "open JupyterLab on the notebooks"),
+    "gguf": ("workbench.commands.gguf", "write a model with seeded random weights as a GGUF llama.cpp loads"),
 }
 
 

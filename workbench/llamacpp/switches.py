@@ -76,6 +76,9 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
     if s.streams == "qkv" and not s.graphs:
         raise SwitchError("--streams qkv maps to GGML_CUDA_GRAPH_OPT, which acts only under CUDA graphs: "
                           "add --graphs")
+    if "copy-elim" in s.fusion and "rms-norm-mul" not in s.fusion:
+        raise SwitchError("llama.cpp removes the GDN state copy (--fusion copy-elim) only inside its fusion pass: "
+                          "use --fusion copy-elim,rms-norm-mul")
     gpu_knobs = [k for k, on in (("--graphs", s.graphs), ("--pdl", s.pdl), ("--streams qkv", s.streams == "qkv"),
                                  (f"--sync {s.sync}", s.sync != "per-copy"), ("--fusion", bool(s.fusion))) if on]
     if gpu_knobs and not build.cuda:
@@ -90,9 +93,6 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
         env["GGML_CUDA_PDL"] = "0"
     if s.streams == "qkv":
         env["GGML_CUDA_GRAPH_OPT"] = "1"
-    if "copy-elim" in s.fusion and "rms-norm-mul" not in s.fusion:
-        raise SwitchError("llama.cpp removes the GDN state copy (--fusion copy-elim) only inside its fusion pass: "
-                          "use --fusion copy-elim,rms-norm-mul")
     if "rms-norm-mul" in s.fusion:
         notes.append("fusion: GGML_CUDA_DISABLE_FUSION unset turns on llama.cpp's whole fusion set "
                      "(rms_norm+mul, add chains, rope+set_rows, top-k MoE, GDN copy removal, ...)")
