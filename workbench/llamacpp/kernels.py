@@ -17,7 +17,10 @@ from __future__ import annotations
 
 import re
 
-from ..trace.cupti import kernel_base_name
+try:  # the CUPTI vocabulary has its own module in newer trees
+    from ..trace.cupti_names import kernel_base_name
+except ImportError:  # pragma: no cover - older layout
+    from ..trace.cupti import kernel_base_name
 
 #: kernel function name -> ggml op (exact base names from ggml-cuda)
 KERNEL_OPS: dict[str, str] = {
