@@ -7,7 +7,10 @@ one is found again: ``~/.cache/workbench/llama.cpp/<tree hash>-<flavour>/lib``.
 
 Command line (what CI and the GPU script call)::
 
-    python -m workbench.llamacpp.build [--cuda-arch 90] [--src DIR] [--jobs N]   # prints the lib folder
+    python -m workbench.llamacpp.build [--cuda-arch 90] [--bench] [--src DIR] [--jobs N]   # prints the lib folder
+
+``--bench`` also builds ``llama-bench`` (in ``<build>/build/bin``, see :func:`llama_bench`), the
+tool whose timings the backend's are checked against.
 """
 
 from __future__ import annotations
@@ -73,10 +76,20 @@ def libs_ok(lib: Path) -> bool:
     return (lib / "libllama.so").is_file() and any(lib.glob("libggml-base.so*"))
 
 
+def llama_bench(lib: str | Path) -> Path | None:
+    """The ``llama-bench`` built with the libraries in ``lib`` (beside them, as in a CMake
+    ``bin`` folder, or in this module's ``build/bin``); None if it was not built."""
+    for exe in (Path(lib) / "llama-bench", Path(lib).parent / "build" / "bin" / "llama-bench"):
+        if exe.is_file():
+            return exe
+    return None
+
+
 def build(src: str | Path | None = None, cuda_arch: str | None = None, jobs: int | None = None,
-          log=sys.stderr) -> Path:
-    """Configure and build llama.cpp (CPU, or CUDA for ``cuda_arch``); return the folder holding
-    ``libllama.so`` and ``libggml*.so``. A finished build is reused; a cut one resumes."""
+          bench: bool = False, log=sys.stderr) -> Path:
+    """Configure and build llama.cpp (CPU, or CUDA for ``cuda_arch``; ``bench``: llama-bench
+    too); return the folder holding ``libllama.so`` and ``libggml*.so``. A finished build is
+    reused; a cut one resumes."""
     for tool in ("cmake", "ninja"):
         if shutil.which(tool) is None:
             raise BuildError(f"{tool} is not installed; install it (apt-get install {tool} / pip install {tool})")
@@ -84,24 +97,26 @@ def build(src: str | Path | None = None, cuda_arch: str | None = None, jobs: int
     flavour = f"cuda-sm{cuda_arch}" if cuda_arch else "cpu"
     out = build_dir(source, flavour)
     lib = out / "lib"
-    if libs_ok(lib):
+    if libs_ok(lib) and (not bench or llama_bench(lib)):
         return lib
     work = out / "build"
     work.mkdir(parents=True, exist_ok=True)
     args = ["-DCMAKE_BUILD_TYPE=Release", "-DBUILD_SHARED_LIBS=ON", "-DGGML_NATIVE=OFF",
-            "-DLLAMA_BUILD_TESTS=OFF", "-DLLAMA_BUILD_TOOLS=OFF", "-DLLAMA_BUILD_EXAMPLES=OFF",
-            "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF", "-DLLAMA_BUILD_COMMON=OFF",
+            "-DLLAMA_BUILD_TESTS=OFF", f"-DLLAMA_BUILD_TOOLS={'ON' if bench else 'OFF'}",
+            "-DLLAMA_BUILD_EXAMPLES=OFF", "-DLLAMA_BUILD_SERVER=OFF", "-DLLAMA_BUILD_APP=OFF",
+            f"-DLLAMA_BUILD_COMMON={'ON' if bench else 'OFF'}",
             "-DLLAMA_OPENSSL=OFF", "-DGGML_CCACHE=OFF"]
     if cuda_arch:
         args += ["-DGGML_CUDA=ON", f"-DCMAKE_CUDA_ARCHITECTURES={cuda_arch}", "-DGGML_CUDA_NCCL=OFF"]
     logfile = out / "build.log"
     t0 = time.time()
     with open(logfile, "a") as fh:
-        if not (work / "build.ninja").is_file():
+        if not (work / "build.ninja").is_file() or (bench and "LLAMA_BUILD_TOOLS:BOOL=OFF" in _cache(work)):
             print(f"[llamacpp build] configuring {source} ({flavour}) in {work}", file=log)
             _run(["cmake", "-S", str(source), "-B", str(work), "-G", "Ninja", *args], fh, logfile)
         print(f"[llamacpp build] building libllama ({flavour}); log: {logfile}", file=log)
-        _run(["cmake", "--build", str(work), "--target", "llama", "-j", str(jobs or os.cpu_count() or 2)],
+        targets = ["llama"] + (["llama-bench"] if bench else [])
+        _run(["cmake", "--build", str(work), "--target", *targets, "-j", str(jobs or os.cpu_count() or 2)],
              fh, logfile)
     lib.mkdir(exist_ok=True)
     for so in (work / "bin").glob("lib*.so*"):  # the real files and their soname links
@@ -111,6 +126,11 @@ def build(src: str | Path | None = None, cuda_arch: str | None = None, jobs: int
     (out / "source").write_text(f"{source}\n")
     print(f"[llamacpp build] done in {time.time() - t0:.0f} s: {lib}", file=log)
     return lib
+
+
+def _cache(work: Path) -> str:
+    p = work / "CMakeCache.txt"
+    return p.read_text(errors="replace") if p.is_file() else ""
 
 
 def _run(cmd: list[str], fh, logfile: Path) -> None:
@@ -126,10 +146,11 @@ def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.llamacpp.build", description=__doc__.split("\n\n")[0])
     p.add_argument("--src", help=f"llama.cpp source tree (default: ${SRC_ENV} or the peer tree)")
     p.add_argument("--cuda-arch", help="build the CUDA backend for this compute capability (e.g. 90)")
+    p.add_argument("--bench", action="store_true", help="build llama-bench too")
     p.add_argument("--jobs", type=int)
     args = p.parse_args(argv)
     try:
-        print(build(args.src, args.cuda_arch, args.jobs))
+        print(build(args.src, args.cuda_arch, args.jobs, bench=args.bench))
     except BuildError as e:
         print(f"llama.cpp build: error: {e}", file=sys.stderr)
         return 2
