@@ -155,7 +155,8 @@ class LlamaCppBackend:
                 "per_token_us": per_tok.tolist(), "system_info": result.get("system_info", ""),
                 "devices": result["devices"]}
         trace.meta.update(switches=describe(sw.env), model=req.cfg.name, layers=req.cfg.n_layer,
-                          strategy=req.strategy.label(), gpu_name=gpus[0] if gpus else "CPU",
+                          strategy=req.strategy.label(), strategy_knobs=req.strategy.to_dict(),
+                          gpu_name=gpus[0] if gpus else "CPU", context=req.cfg.context,
                           us_per_token=stats["us_per_token"], start_pos=req.start_pos)
         return Run("llamacpp", device, req.plans[-1] if req.plans else None, logits, trace, stats, meta)
 
