@@ -59,3 +59,44 @@ def test_every_mapped_kernel_exists_in_the_peer_tree():
     text = "\n".join(p.read_text(errors="replace") for p in (src / "ggml" / "src" / "ggml-cuda").glob("*.cu*"))
     missing = sorted(k for k in KERNEL_OPS if not re.search(rf"__global__[^;{{}}]*?\b{k}\s*\(", text))
     assert not missing, f"kernels not defined in {Path(src, 'ggml/src/ggml-cuda')}: {missing}"
+
+
+def test_worker_trace_names_kernels_by_op_and_marks_tokens():
+    """The worker's post-processing of a CUPTI capture (CPU: records shaped as CUPTI gives them
+    for two replays of one llama.cpp CUDA graph)."""
+    from workbench.llamacpp.worker import finish_trace
+    from workbench.trace.cupti import records_to_trace
+
+    kernels = ["_Z12rms_norm_f32ILi256ELb1ELb0ELb0EEvPKfPfilllfS1_lll",
+               "_Z13mul_mat_vec_fI6__halfLi1ELi128ELb0EEvPKT_PKfPKiPfiiiiiiiiiiiii",
+               "_Z18flash_attn_ext_vecILi64ELi1EL9ggml_type1ELS0_1ELb0EEvPKcS2_S2_S2_S2_PKiPfP6float2ffffffjfiiiiii",
+               "mystery_kernel"]
+    recs, marks = [], []
+    for tok in range(2):
+        t0 = 1_000_000 * (tok + 1)
+        marks.append((tok, t0))
+        recs.append(dict(src="runtime", name="cudaGraphLaunch_v10000", start=t0 + 10, end=t0 + 40, corr=100 + tok,
+                         tid=1, pid=1))
+        recs.append(dict(src="runtime", name="cudaStreamSynchronize", start=t0 + 50, end=t0 + 900, corr=200 + tok,
+                         tid=1, pid=1))
+        for i, name in enumerate(kernels):
+            recs.append(dict(src="kernel", name=name, start=t0 + 60 + 100 * i, end=t0 + 150 + 100 * i,
+                             corr=100 + tok, stream=14, graph_id=3, graph_node_id=i, device=0))
+
+    class Capture:  # what CuptiCapture holds after a run
+        def __init__(self):
+            self.marks, self.end_mark = marks, 3_000_000
+
+        def stop(self):
+            return records_to_trace(recs, self.marks, end_mark=self.end_mark, backend="llamacpp")
+
+    tr = finish_trace(Capture(), 2)
+    ev = tr.events
+    k = ev[ev["kind"] == "kernel"]
+    assert list(k[k["token"] == 1]["op"]) == ["RMS_NORM+MUL", "MUL_MAT", "FLASH_ATTN_EXT", ""]
+    assert list(k[k["token"] == 1]["family"]) == ["norm", "mul_mat", "attn", "other"]
+    assert (k["row"] == "Stream 14").all()
+    m = ev[ev["kind"] == "marker"].sort_values("token")
+    assert list(m["name"]) == ["token 0", "token 1"] and list(m["end_ns"]) == [2_000_000, 3_000_000]
+    assert tr.meta["backend"] == "llamacpp" and tr.meta["source"] == "cupti"
+    assert set(ev.loc[ev["kind"] == "sync", "token"]) == {0, 1}
