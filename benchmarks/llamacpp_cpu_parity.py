@@ -28,7 +28,7 @@ sys.path.insert(0, str(ROOT))
 from workbench.exec.backend import RunRequest  # noqa: E402
 from workbench.exec.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
 from workbench.exec.reference import run_reference  # noqa: E402
-from workbench.llamacpp.build import build, find_source  # noqa: E402
+from workbench.llamacpp.build import build  # noqa: E402
 from workbench.models import TINY_PRESETS, build_graph, preset  # noqa: E402
 from workbench.models.weights import random_weights  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
@@ -80,7 +80,7 @@ def main() -> int:
             "GGUF written WITHOUT the Q/K permutation")
     text = "\n".join([
         "# llama.cpp (CPU) vs the workbench reference: logits on the same weights", "",
-        f"{datetime.date.today().isoformat()}, {cpu_name()}, llama.cpp of the peer tree ({find_source().name}), "
+        f"{datetime.date.today().isoformat()}, {cpu_name()}, llama.cpp of the peer tree (shared/peer/llama.cpp), "
         f"built by `python -m workbench.llamacpp.build` (GGML_NATIVE=OFF); {args.tokens} tokens from position 0, "
         "f16 weights. Error: the worst over tokens of max |llama.cpp - reference| / max |reference logit|. "
         "Written by `benchmarks/llamacpp_cpu_parity.py`; `tests/test_llamacpp_cpu.py` holds the first five "
