@@ -16,6 +16,7 @@ a GPU knob asked of a CPU-only build, or a patched switch the build lacks is a
 
 from __future__ import annotations
 
+import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,9 +44,12 @@ class BuildInfo:
     def of(folder: str | Path) -> BuildInfo:
         folder = Path(folder)
 
-        def has(lib: str, text: bytes) -> bool:
+        def has(lib: str, text: bytes) -> bool:  # the switch's getenv() name is in the library
             p = folder / lib
-            return p.exists() and text in p.read_bytes()
+            if not p.exists():
+                return False
+            with open(p, "rb") as f, mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) as m:
+                return m.find(text) >= 0
 
         return BuildInfo(folder, (folder / "libggml-cuda.so").exists(),
                          has("libggml-base.so", b"PEER_SCHED_SYNC"), has("libggml-cuda.so", b"PEER_DISABLE_GDN_FUSION"))

@@ -332,7 +332,7 @@ def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str 
     graph = build_graph(cfg, n_kv=1)  # weights do not depend on the KV length
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".part")
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.part")  # concurrent writers of one cache entry
 
     # pass 1: names, shapes and types (zeros: calloc'd pages, no weights generated)
     def shape_only(name: str) -> Array:
