@@ -130,7 +130,7 @@ class LlamaCppBackend:
         result, logits, trace = run_worker(job, sw.env, opts.timeout_s)
         req.report("tokens", len(req.token_ids), len(req.token_ids))
         per_tok = np.asarray(result["per_token_ns"], np.float64) / 1e3  # [reps, tokens] us
-        rep_us = np.asarray(result["rep_ns"], np.float64) / 1e3
+        rep_us = per_tok.sum(axis=1)  # llama-bench's per-repetition time: the decode + sync calls only
         n = per_tok.shape[1]
         stats = {
             "tokens": n,

@@ -60,13 +60,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         lib.synchronize(ctx)
     reps = max(1, int(job["reps"]))
     per_token = np.zeros((reps, len(tokens)), np.int64)
-    rep_ns = np.zeros(reps, np.int64)
     logits = np.zeros((len(tokens), n_vocab), np.float32) if job["logits"] else None
     for r in range(reps):
         lib.clear_memory(ctx)
         prompt()
         last = r == reps - 1
-        t_rep = time.perf_counter_ns()
         for i, tok in enumerate(tokens):
             if cap is not None and last:
                 cap.mark_token(i)
@@ -76,9 +74,8 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             per_token[r, i] = time.perf_counter_ns() - t0
             if logits is not None and last:
                 logits[i] = lib.logits(ctx, n_vocab)
-        rep_ns[r] = time.perf_counter_ns() - t_rep
     result: dict[str, Any] = {
-        "n_vocab": n_vocab, "per_token_ns": per_token.tolist(), "rep_ns": rep_ns.tolist(),
+        "n_vocab": n_vocab, "per_token_ns": per_token.tolist(),
         "devices": devices, "system_info": lib.system_info(), "pid": os.getpid(),
     }
     if cap is not None:
