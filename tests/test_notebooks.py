@@ -18,9 +18,6 @@ nbclient = pytest.importorskip("nbclient")
 PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = ["00_tour", "01_sync_reduction", "02_stream_concurrency", "03_pdl", "04_copy_elimination",
             "05_simulator_vs_gpu", "06_bring_your_own_trace", "07_llamacpp"]
-#: notebooks that read recorded GPU traces which are committed after a GPU run
-NEEDS = {"07_llamacpp": Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp"
-         / "llama-3.2-1b-L2_graphs-pdl.json.gz"}
 BUDGET_S = 60.0
 PLOTLY = "application/vnd.plotly.v1+json"
 
@@ -43,8 +40,6 @@ def test_committed_without_outputs(path):
 @pytest.mark.slow
 @pytest.mark.parametrize("path", PATHS, ids=[p.stem for p in PATHS])
 def test_runs_top_to_bottom(path, tmp_path):
-    if path.stem in NEEDS and not NEEDS[path.stem].exists():
-        pytest.skip(f"{path.name} reads {NEEDS[path.stem].name}, not recorded yet (benchmarks/llamacpp_gpu_run.sh)")
     nb = nbformat.read(path, as_version=4)
     # run in a scratch folder: exports land there, not in the checkout
     work = tmp_path / "nb"
