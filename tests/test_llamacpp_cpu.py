@@ -134,6 +134,9 @@ def test_llamacpp_decodes_our_gguf_to_the_reference_logits(llamacpp_lib, name):
     s = run.stats
     assert s["tokens"] == TOKENS and 0 < s["us_per_token_min"] <= s["us_per_token_median"] <= s["us_per_token_max"]
     assert s["tokens_per_s"] > 0 and run.device == "CPU (llama.cpp)"
+    ev = run.trace.events  # untraced: one host-timed marker per token, its decode + synchronize
+    assert list(ev["token"]) == list(range(TOKENS)) and (ev["kind"] == "marker").all()
+    np.testing.assert_allclose((ev["end_ns"] - ev["start_ns"]) / 1e3, run.meta["per_token_us"][-1], atol=1e-3)
 
 
 @pytest.mark.slow

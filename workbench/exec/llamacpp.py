@@ -20,7 +20,7 @@ import sys
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import pandas as pd
@@ -28,6 +28,9 @@ import pandas as pd
 from ..models import ModelConfig
 from .backend import BackendError, RunRequest
 from .run import Run
+
+if TYPE_CHECKING:  # pragma: no cover
+    from ..trace import Trace
 
 #: environment variable naming the build folder (libllama.so, libggml*.so)
 BUILD_ENV = "WORKBENCH_LLAMACPP"
@@ -146,10 +149,8 @@ class LlamaCppBackend:
         gpus = [d["description"] for d in result["devices"] if d["type"] == "gpu"]
         device = (f"{gpus[0]} (llama.cpp, CUDA)" if gpus and gpu_layers > 0
                   else "CPU (llama.cpp)")
-        if trace is None:
-            from ..trace import COLUMNS, Trace
-
-            trace = Trace(pd.DataFrame({c: [] for c in COLUMNS}), {"source": "llamacpp", "backend": "llamacpp"})
+        if trace is None:  # one host-timed span per token (decode + synchronize), as the cuda backend gives
+            trace = token_trace(result["token_start_ns"], (per_tok[-1] * 1e3).astype(np.int64))
         meta = {"plans": list(req.plans), "start_pos": req.start_pos, "gguf": str(path), "build": str(folder),
                 "switches": sw.env, "switches_text": describe(sw.env), "switch_notes": list(sw.notes),
                 "per_token_us": per_tok.tolist(), "system_info": result.get("system_info", ""),
@@ -159,6 +160,16 @@ class LlamaCppBackend:
                           gpu_name=gpus[0] if gpus else "CPU", context=req.cfg.context,
                           us_per_token=stats["us_per_token"], start_pos=req.start_pos)
         return Run("llamacpp", device, req.plans[-1] if req.plans else None, logits, trace, stats, meta)
+
+
+def token_trace(start_ns, dur_ns) -> Trace:
+    """A coarse trace of an untraced run: one NVTX marker per token, its decode + synchronize."""
+    from ..trace import MARKER_ROW, Trace
+
+    rows = [dict(row=MARKER_ROW, kind="marker", name=f"token {i}", start_ns=int(s), end_ns=int(s) + int(d), token=i)
+            for i, (s, d) in enumerate(zip(start_ns, dur_ns))]
+    return Trace(pd.DataFrame(rows, columns=["row", "kind", "name", "start_ns", "end_ns", "token"]),
+                 {"source": "host", "backend": "llamacpp"})
 
 
 def worker_env(switches: dict[str, str]) -> dict[str, str]:

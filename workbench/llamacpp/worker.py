@@ -60,6 +60,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         lib.synchronize(ctx)
     reps = max(1, int(job["reps"]))
     per_token = np.zeros((reps, len(tokens)), np.int64)
+    token_start = np.zeros(len(tokens), np.int64)  # host clock, last repetition
     logits = np.zeros((len(tokens), n_vocab), np.float32) if job["logits"] else None
     for r in range(reps):
         lib.clear_memory(ctx)
@@ -72,10 +73,11 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
             lib.decode(ctx, [tok])
             lib.synchronize(ctx)
             per_token[r, i] = time.perf_counter_ns() - t0
+            token_start[i] = t0
             if logits is not None and last:
                 logits[i] = lib.logits(ctx, n_vocab)
     result: dict[str, Any] = {
-        "n_vocab": n_vocab, "per_token_ns": per_token.tolist(),
+        "n_vocab": n_vocab, "per_token_ns": per_token.tolist(), "token_start_ns": token_start.tolist(),
         "devices": devices, "system_info": lib.system_info(), "pid": os.getpid(),
     }
     if cap is not None:
