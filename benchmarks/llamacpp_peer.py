@@ -152,10 +152,12 @@ class Bench:
         names = self.configs_for(cfg)
         for rnd in range(self.args.rounds):
             for cname in (names if rnd % 2 == 0 else names[::-1]):
-                if self.left() < 20:
+                if self.left() < 45:  # a configuration takes up to ~40 s (four tools, model loads)
                     print(f"time budget reached: stopping before {label} {cname} round {rnd + 1}", flush=True)
                     return
                 self.run_config(cfg, label, cname, rnd, gguf, ids)
+                if self.args.md:  # a call cut by its time limit keeps the table so far
+                    Path(self.args.md).write_text(summarize(load([str(self.jsonl)])))
 
     def run_config(self, cfg, label: str, cname: str, rnd: int, gguf: Path, ids: list[int]) -> None:
         from workbench.llamacpp.switches import SwitchError, switches_for
@@ -316,6 +318,7 @@ def main() -> int:
         if unknown:
             p.error(f"unknown config(s) {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
     md = Path(args.md or Path(args.jsonl).with_suffix(".md"))
+    args.md = str(md)
     if not args.summarize:
         bench = Bench(args)
         for spec in args.models.replace(",", " ").split():
