@@ -90,9 +90,11 @@ def build(src: str | Path | None = None, cuda_arch: str | None = None, jobs: int
     """Configure and build llama.cpp (CPU, or CUDA for ``cuda_arch``; ``bench``: llama-bench
     too); return the folder holding ``libllama.so`` and ``libggml*.so``. A finished build is
     reused; a cut one resumes."""
-    for tool in ("cmake", "ninja"):
-        if shutil.which(tool) is None:
-            raise BuildError(f"{tool} is not installed; install it (apt-get install {tool} / pip install {tool})")
+    if shutil.which("cmake") is None:
+        raise BuildError("cmake is not installed; install it (apt-get install cmake / pip install cmake)")
+    generator = "Ninja" if shutil.which("ninja") else "Unix Makefiles"
+    if generator != "Ninja" and shutil.which("make") is None:
+        raise BuildError("neither ninja nor make is installed; install one (apt-get install ninja-build)")
     source = find_source(src)
     flavour = f"cuda-sm{cuda_arch}" if cuda_arch else "cpu"
     out = build_dir(source, flavour)
@@ -111,9 +113,9 @@ def build(src: str | Path | None = None, cuda_arch: str | None = None, jobs: int
     logfile = out / "build.log"
     t0 = time.time()
     with open(logfile, "a") as fh:
-        if not (work / "build.ninja").is_file() or (bench and "LLAMA_BUILD_TOOLS:BOOL=OFF" in _cache(work)):
+        if not (work / "CMakeCache.txt").is_file() or (bench and "LLAMA_BUILD_TOOLS:BOOL=OFF" in _cache(work)):
             print(f"[llamacpp build] configuring {source} ({flavour}) in {work}", file=log)
-            _run(["cmake", "-S", str(source), "-B", str(work), "-G", "Ninja", *args], fh, logfile)
+            _run(["cmake", "-S", str(source), "-B", str(work), "-G", generator, *args], fh, logfile)
         print(f"[llamacpp build] building libllama ({flavour}); log: {logfile}", file=log)
         targets = ["llama"] + (["llama-bench"] if bench else [])
         _run(["cmake", "--build", str(work), "--target", *targets, "-j", str(jobs or os.cpu_count() or 2)],
