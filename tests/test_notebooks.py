@@ -15,7 +15,7 @@ nbclient = pytest.importorskip("nbclient")
 
 PATHS = sorted(NOTEBOOKS.glob("[0-9][0-9]_*.ipynb"))
 EXPECTED = ["00_tour", "01_sync_reduction", "02_stream_concurrency", "03_pdl", "04_copy_elimination",
-            "05_simulator_vs_gpu", "06_bring_your_own_trace"]
+            "05_simulator_vs_gpu", "06_bring_your_own_trace", "07_llamacpp"]
 BUDGET_S = 60.0
 PLOTLY = "application/vnd.plotly.v1+json"
 

@@ -15,6 +15,7 @@ COMMANDS = {
     "view": ("workbench.commands.view", "draw, summarise or convert a trace file"),
     "calibrate": ("workbench.commands.calibrate", "measure the simulator's cost model on this GPU"),
     "lab": ("workbench.commands.lab", "open JupyterLab on the notebooks"),
+    "gguf": ("workbench.commands.gguf", "write a model with seeded random weights as a GGUF llama.cpp loads"),
 }
 
 

@@ -142,7 +142,7 @@ def inert_options(opts: Mapping[str, Any], strategy: Strategy, backend: str | No
         return []
     given = {k: v for k, v in opts.items() if v is not None}
     notes: list[str] = []
-    owners = {"kernels": "cuda", "node_tokens": "cuda", "gpu": "sim", "host_profile": "sim"}
+    owners = {"kernels": "cuda", "node_tokens": "cuda", "gpu": "sim", "host_profile": "sim", "llamacpp": "llamacpp"}
     for key, owner in owners.items():
         if key in given and backend != owner:
             notes.append(f"--{key.replace('_', '-')} {given[key]} has no effect on the {backend} backend "

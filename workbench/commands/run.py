@@ -39,6 +39,8 @@ def configure(p: argparse.ArgumentParser) -> None:
                                                "GPU present, else the measured h200 file)")
     p.add_argument("--host-profile", help="simulator host profile (default: the calibration's, 'python'); "
                                           "e.g. llama.cpp, llama.cpp-windows")
+    p.add_argument("--llamacpp", metavar="DIR", help="llamacpp backend: the llama.cpp build to load (a folder with "
+                                                      "libllama.so and libggml*.so; default $WORKBENCH_LLAMACPP)")
     p.add_argument("--trace", metavar="FILE", help=f"write the trace ({', '.join(TRACE_SUFFIXES)})")
     p.add_argument("--node-tokens", default=None, metavar="N|all",
                    help="cuda backend with --graphs: trace the last N tokens kernel by kernel and the others as "
@@ -54,6 +56,7 @@ BACKEND_FLAGS = {
     "host_profile": ("sim", "host", str),
     "kernels": ("cuda", "kernels", str),
     "node_tokens": ("cuda", "node_tokens", node_tokens_arg),
+    "llamacpp": ("llamacpp", "build", str),
 }
 
 

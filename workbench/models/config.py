@@ -156,7 +156,9 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     what it leaves implicit is filled the way llama.cpp's loader does (gpt-oss: every other
     layer sliding-window, YaRN rope; qwen3moe: renormalised top-k; a missing ``output.weight``
     means tied embeddings). Llama-3 GGUFs carry their rope scaling as a ``rope_freqs`` tensor
-    rather than metadata: its values become ``ModelConfig.rope_freq_factors``.
+    rather than metadata: its values become ``ModelConfig.rope_freq_factors`` (ggml's frequency
+    factors, applied by ``workbench.models.rope``), so the config rotates exactly as llama.cpp does.
+    ``ModelConfig.source`` is the file, for backends that run it (``llamacpp``).
     """
     import gguf
     import numpy as np
@@ -259,5 +261,5 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
         t = next(t for t in reader.tensors if t.name == "rope_freqs.weight")
         factors = tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))
     name = str(value("general.name", path.stem))
-    cfg = ModelConfig(name, canonical(hf, name), rope_freq_factors=factors)
+    cfg = ModelConfig(name, canonical(hf, name), rope_freq_factors=factors, source=str(path.resolve()))
     return cfg.with_(**runtime) if runtime else cfg

@@ -21,7 +21,12 @@ def rotary_dims(cfg: ModelConfig) -> int:
 
 
 def rope_params(cfg: ModelConfig) -> tuple[np.ndarray, float]:
-    """``(inv_freq[n_rot/2], attention_scaling)`` for the config's rope type."""
+    """``(inv_freq[n_rot/2], attention_scaling)`` for the config's rope type, or the base
+    frequencies divided by ``ModelConfig.rope_freq_factors`` where the config has them."""
+    return _scaled_inv_freq(cfg)
+
+
+def _scaled_inv_freq(cfg: ModelConfig) -> tuple[np.ndarray, float]:
     n_rot = rotary_dims(cfg)
     base = float(cfg.get("rope_theta", 10000.0))
     inv = 1.0 / (base ** (np.arange(0, n_rot, 2, dtype=np.float64) / n_rot))

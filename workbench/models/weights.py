@@ -66,16 +66,19 @@ def random_weights(graph: Graph, seed: int = 0, overrides=None) -> dict[str, np.
     ``overrides``: optional ``name -> float array`` for families whose parameters need a
     specific distribution (e.g. GDN's A_log); applied before the dtype cast. A builder may
     put its own in ``graph.meta["weight_init"]``; explicit ``overrides`` win."""
+    return {name: random_weight(graph, name, seed, overrides) for name in sorted(graph.weights)}
+
+
+def random_weight(graph: Graph, name: str, seed: int = 0, overrides=None) -> np.ndarray:
+    """The one tensor ``name`` of :func:`random_weights` (each tensor has its own seeded stream,
+    so writers of large models can produce them one at a time)."""
     overrides = {**graph.meta.get("weight_init", {}), **(overrides or {})}
-    out: dict[str, np.ndarray] = {}
-    fan_ins = graph.meta.get("weight_fan_in", {})
-    for name, view in sorted(graph.weights.items()):
-        rng = np.random.default_rng([seed, _stable_hash(name)])
-        init = _init(name, view, rng, fan_ins.get(name))
-        if overrides is not None and name in overrides:
-            init = overrides[name](rng, view.shape)
-        out[name] = to_storage(np.asarray(init, np.float32), view.dtype)
-    return out
+    view = graph.weights[name]
+    rng = np.random.default_rng([seed, _stable_hash(name)])
+    init = _init(name, view, rng, graph.meta.get("weight_fan_in", {}).get(name))
+    if name in overrides:
+        init = overrides[name](rng, view.shape)
+    return to_storage(np.asarray(init, np.float32), view.dtype)
 
 
 #: Load-time transforms llama.cpp's GGUF converter bakes into some tensors (Qwen3-Next stores
@@ -139,7 +142,7 @@ def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict
 
 def has_checkpoint(cfg) -> bool:
     """Was ``cfg`` read from a folder that holds safetensors (its weights)?"""
-    return cfg.source is not None and any(Path(cfg.source).glob("*.safetensors"))
+    return cfg.source is not None and Path(cfg.source).is_dir() and any(Path(cfg.source).glob("*.safetensors"))
 
 
 def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:

@@ -1,0 +1,336 @@
+"""llama.cpp beside the workbench on one GPU: each knob alone and stacked (issue 13, item 4).
+
+For each model (f16, context 512, 64 tokens at positions 448..511 = llama-bench's ``tg64 @ d448``)
+and each switch configuration, four numbers of us/token:
+
+- **llama.cpp** through the ``llamacpp`` backend (its worker process, per-token decode +
+  synchronize, ``--reps`` repetitions per round);
+- **llama-bench** of the same build, same GGUF and environment (``-p 0 -n 64 -d 448 -fa 1``),
+  to show the backend times llama.cpp as llama-bench does (acceptance: within 3 %);
+- **ours**: the workbench's ``cuda`` backend under the same Strategy (``qkv`` with the
+  stream-aware allocator, which our executor needs for concurrent streams);
+- **sim**: the simulator with this GPU's calibration, same Strategy as ours.
+
+Configurations run in ``--rounds`` passes (every other one in reverse order); medians and
+min..max over all repetitions of all rounds. Results are appended to a JSONL file as they come
+(a call cut by its time budget keeps what it measured) and summarised as markdown; several
+JSONL files (calls on different models) summarise together with ``--summarize``.
+
+Usage on a GPU machine with ``WORKBENCH_LLAMACPP`` = a CUDA build that has ``llama-bench``::
+
+    python benchmarks/llamacpp_peer.py --models llama-3.2-1b --budget-s 240 \\
+        --jsonl out/llamacpp_peer.jsonl --md out/llamacpp_peer_h100.md
+    python benchmarks/llamacpp_peer.py --summarize a.jsonl b.jsonl --md data/bench/llamacpp_peer_h100.md
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import os
+import statistics as st
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from workbench.strategy import Strategy  # noqa: E402
+
+FUSIONS = frozenset({"rms-norm-mul", "copy-elim"})  # llama.cpp's fusion pass (its default: on)
+#: name -> (Strategy as llama.cpp switches, which models: "all" / "gdn", needs a peer patch)
+CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
+    "default": (Strategy(graphs=True, pdl=True, fusion=FUSIONS), "all", None),
+    "pdl0": (Strategy(graphs=True, fusion=FUSIONS), "all", None),
+    "no_graphs": (Strategy(pdl=True, fusion=FUSIONS), "all", None),
+    "no_graphs_pdl0": (Strategy(fusion=FUSIONS), "all", None),
+    "graph_opt": (Strategy(graphs=True, pdl=True, streams="qkv", fusion=FUSIONS), "all", None),
+    "no_fusion": (Strategy(graphs=True, pdl=True), "all", None),
+    "eager": (Strategy(), "all", None),
+    "graphs": (Strategy(graphs=True), "all", None),
+    "graphs_pdl_qkv": (Strategy(graphs=True, pdl=True, streams="qkv"), "all", None),
+    "gdn_unfused": (Strategy(graphs=True, pdl=True, fusion={"rms-norm-mul"}), "gdn", "gdn_fusion_patch"),
+    "sync_boundary": (Strategy(graphs=True, pdl=True, fusion=FUSIONS, sync="boundary"), "all", "sched_sync_patch"),
+    "sync_implicit": (Strategy(graphs=True, pdl=True, fusion=FUSIONS, sync="implicit"), "all", "sched_sync_patch"),
+}
+#: the issue's table: (knob step, from config, to config)
+STEPS: list[tuple[str, str, str]] = [
+    ("CUDA graphs (PDL off)", "no_graphs_pdl0", "pdl0"),
+    ("PDL under graphs", "pdl0", "default"),
+    ("Q/K/V streams on top of graphs + PDL", "default", "graph_opt"),
+    ("fusion on vs off", "no_fusion", "default"),
+    ("GDN copy removal", "gdn_unfused", "default"),
+    ("sync boundary (PR 17795 emulation)", "default", "sync_boundary"),
+    ("sync implicit (PR 17795 emulation)", "default", "sync_implicit"),
+    ("stack: + graphs", "eager", "graphs"),
+    ("stack: + PDL", "graphs", "no_fusion"),
+    ("stack: + Q/K/V streams", "no_fusion", "graphs_pdl_qkv"),
+    ("stack: + fusion", "graphs_pdl_qkv", "graph_opt"),
+]
+#: model spec -> layers (None: all); full-size shapes, f16
+MODELS = {"llama-3.2-1b": None, "llama-3.1-8b": None, "qwen3-30b-a3b": 8, "qwen3-next-80b-a3b": 8,
+          "gpt-oss-20b": 8}
+TOOLS = ("llamacpp", "llama-bench", "cuda", "sim")
+
+
+def ours(strategy: Strategy) -> Strategy:
+    """The workbench's equivalent: concurrent streams need our stream-aware allocator."""
+    return strategy.with_(allocator="stream-aware") if strategy.streams == "qkv" else strategy
+
+
+def gpu_info() -> dict[str, str]:
+    try:
+        q = subprocess.run(["nvidia-smi", "--query-gpu=name,driver_version,memory.total", "--format=csv,noheader"],
+                           capture_output=True, text=True, timeout=30).stdout.strip().splitlines()[0]
+        name, driver, mem = (x.strip() for x in q.split(","))
+        return {"gpu": name, "driver": driver, "memory": mem}
+    except Exception as e:  # no nvidia-smi: say so in the table rather than fail
+        return {"gpu": f"unknown ({type(e).__name__})", "driver": "?", "memory": "?"}
+
+
+def gpu_calibration(name: str) -> str:
+    """The simulator calibration of the GPU named ``name`` (h100 / h200)."""
+    return "h200" if "H200" in name.upper() else "h100"
+
+
+class Bench:
+    def __init__(self, args: argparse.Namespace) -> None:
+        from workbench.exec.llamacpp import LlamaCppOptions, build_folder
+        from workbench.llamacpp.build import llama_bench
+        from workbench.llamacpp.switches import BuildInfo
+
+        self.args = args
+        self.folder = build_folder(LlamaCppOptions(build=args.llamacpp))
+        self.build = BuildInfo.of(self.folder)
+        self.llama_bench = llama_bench(self.folder)
+        self.t0 = time.time()
+        self.info = gpu_info()
+        self.jsonl = Path(args.jsonl)
+        self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+
+    def left(self) -> float:
+        return self.args.budget_s - (time.time() - self.t0)
+
+    def emit(self, **rec: Any) -> None:
+        rec.update(self.info, date=datetime.date.today().isoformat())
+        with open(self.jsonl, "a") as f:
+            f.write(json.dumps(rec) + "\n")
+        us = rec.get("us", [])
+        print(f"[{time.time() - self.t0:5.0f}s] {rec['model']:22s} {rec['config']:15s} {rec['tool']:11s} "
+              + (f"{st.median(us):8.1f} us/token" if us else rec.get("error", "")), flush=True)
+
+    def configs_for(self, cfg) -> list[str]:
+        out = []
+        for name, (_, models, patch) in CONFIGS.items():
+            if self.args.configs and name not in self.args.configs:
+                continue
+            if models == "gdn" and cfg.family != "gdn":
+                continue
+            if patch and not getattr(self.build, patch):
+                continue
+            out.append(name)
+        return out
+
+    def run_model(self, spec: str) -> None:
+        from workbench.api import token_ids
+        from workbench.models import load_config
+        from workbench.models.gguf_write import cached_gguf
+
+        name, _, layers = spec.partition(":")
+        layers = int(layers) if layers else MODELS.get(name)
+        cfg = load_config(name, layers=layers, context=self.args.context)
+        label = f"{name}" + (f" ({layers} layers)" if layers else "")
+        t = time.time()
+        gguf = cached_gguf(cfg)
+        print(f"GGUF {gguf} ready in {time.time() - t:.0f} s", flush=True)
+        ids = token_ids(cfg, self.args.tokens, 0)
+        names = self.configs_for(cfg)
+        for rnd in range(self.args.rounds):
+            for cname in (names if rnd % 2 == 0 else names[::-1]):
+                if self.left() < 45:  # a configuration takes up to ~40 s (four tools, model loads)
+                    print(f"time budget reached: stopping before {label} {cname} round {rnd + 1}", flush=True)
+                    return
+                self.run_config(cfg, label, cname, rnd, gguf, ids)
+                if self.args.md:  # a call cut by its time limit keeps the table so far
+                    Path(self.args.md).write_text(summarize(load([str(self.jsonl)])))
+
+    def run_config(self, cfg, label: str, cname: str, rnd: int, gguf: Path, ids: list[int]) -> None:
+        from workbench.llamacpp.switches import SwitchError, switches_for
+
+        strategy = CONFIGS[cname][0]
+        common = dict(model=label, config=cname, round=rnd, strategy=strategy.label())
+        try:
+            env = switches_for(strategy, self.build, cfg.family == "gdn").env
+        except SwitchError as e:
+            self.emit(tool="llamacpp", error=str(e), env={}, **common)
+            return
+        common["env"] = env
+        self.measure("llamacpp", common, lambda: self.llamacpp(cfg, strategy, ids))
+        if self.llama_bench:
+            self.measure("llama-bench", common, lambda: self.bench_tool(gguf, env))
+        if not self.args.no_ours:
+            self.measure("cuda", common, lambda: self.workbench(cfg, ours(strategy), ids, "cuda"))
+            if rnd == 0:
+                self.measure("sim", common, lambda: self.workbench(cfg, ours(strategy), ids, "sim"))
+
+    def measure(self, tool: str, common: dict, fn) -> None:
+        try:
+            us, extra = fn()
+            self.emit(tool=tool, us=us, **extra, **common)
+        except Exception as e:  # a failing config is a row of the table, not the end of the run
+            self.emit(tool=tool, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", **common)
+
+    def llamacpp(self, cfg, strategy, ids) -> tuple[list[float], dict]:
+        import workbench
+
+        r = workbench.run(cfg, strategy, tokens=ids, backend="llamacpp", start_pos=self.args.start_pos,
+                          build=str(self.folder), reps=self.args.reps, quiet=True)
+        per_rep = [sum(x) / len(x) for x in r.meta["per_token_us"]]
+        return per_rep, {"device": r.device}
+
+    def bench_tool(self, gguf: Path, env: dict[str, str]) -> tuple[list[float], dict]:
+        from workbench.exec.llamacpp import worker_env
+
+        cmd = [str(self.llama_bench), "-m", str(gguf), "-p", "0", "-n", str(self.args.tokens), "-d",
+               str(self.args.start_pos), "-r", str(self.args.reps), "-fa", "1", "-ngl", "99", "-o", "jsonl"]
+        p = subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True, timeout=300)
+        recs = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
+        if p.returncode != 0 or not recs:
+            raise RuntimeError(f"llama-bench exit {p.returncode}: {(p.stderr or '').strip().splitlines()[-1:]}")
+        r = recs[-1]
+        return [1e6 / ts for ts in r["samples_ts"]], {"build_commit": r.get("build_commit"),
+                                                      "avg_ts": r.get("avg_ts"), "stddev_ts": r.get("stddev_ts")}
+
+    def workbench(self, cfg, strategy, ids, backend: str) -> tuple[list[float], dict]:
+        import workbench
+
+        opts = {"gpu": gpu_calibration(self.info["gpu"])} if backend == "sim" else {}
+        runs = 1 if backend == "sim" else self.args.ours_runs
+        us = []
+        for _ in range(runs):
+            r = workbench.run(cfg, strategy, tokens=ids, backend=backend, start_pos=self.args.start_pos,
+                              quiet=True, **opts)
+            us.append(float(r.stats["us_per_token"]))
+        return us, {"device": r.device}
+
+
+# --------------------------------------------------------------------------- summary
+
+def load(paths: list[str]) -> list[dict]:
+    out = []
+    for p in paths:
+        for line in Path(p).read_text().splitlines():
+            if line.startswith("{"):
+                out.append(json.loads(line))
+    return out
+
+
+def cell(us: list[float]) -> str:
+    if not us:
+        return "-"
+    return f"{st.median(us):.0f} [{min(us):.0f}..{max(us):.0f}]" if len(us) > 1 else f"{us[0]:.0f}"
+
+
+def summarize(recs: list[dict]) -> str:
+    """The markdown: per model, every configuration's four numbers, then the knob steps."""
+    if not recs:
+        return "no results\n"
+    first = recs[0]
+    commit = next((r["build_commit"] for r in recs if r.get("build_commit")), "?")
+    lines = [f"# llama.cpp beside the workbench on an {first['gpu']}", "",
+             f"{first['gpu']} ({first['memory']}), driver {first['driver']}, {first['date']}; llama.cpp "
+             f"{commit} (the peer tree); f16 weights, context 512, 64 tokens at positions 448..511 "
+             "(llama-bench's tg64 @ d448), flash attention on. us/token: median [min..max] over all "
+             "repetitions of all rounds. `llama.cpp` is the `llamacpp` backend (decode + synchronize "
+             "per token, as llama-bench times), `llama-bench` the same build's tool, `ours` the `cuda` "
+             "backend under the same Strategy, `sim` the simulator with this GPU's calibration. Written by "
+             "`benchmarks/llamacpp_peer.py`.", ""]
+    by: dict[tuple[str, str, str], list[float]] = {}
+    errors: dict[tuple[str, str, str], str] = {}
+    envs: dict[str, str] = {}
+    models: list[str] = []
+    for r in recs:
+        key = (r["model"], r["config"], r["tool"])
+        if r["model"] not in models:
+            models.append(r["model"])
+        envs.setdefault(r["config"], " ".join(f"{k}={v}" for k, v in sorted(r.get("env", {}).items())) or "-")
+        if "us" in r:
+            by.setdefault(key, []).extend(r["us"])
+        else:
+            errors[key] = r.get("error", "?")
+    for model in models:
+        configs = [c for c in CONFIGS if any(k[0] == model and k[1] == c for k in (*by, *errors))]
+        lines += [f"## {model}", "", "| config | strategy | llama.cpp switches | llama.cpp | llama-bench | "
+                  "backend vs llama-bench | ours (cuda) | sim |", "|---|---|---|---:|---:|---:|---:|---:|"]
+        for c in configs:
+            vals = {t: by.get((model, c, t), []) for t in TOOLS}
+            ratio = "-"
+            if vals["llamacpp"] and vals["llama-bench"]:
+                ratio = f"{(st.median(vals['llamacpp']) / st.mean(vals['llama-bench']) - 1) * 100:+.1f} %"
+            cells = [cell(vals[t]) if vals[t] else (f"error: {errors[(model, c, t)]}" if (model, c, t) in errors
+                                                    else "-") for t in TOOLS]
+            lines.append(f"| {c} | {CONFIGS[c][0].label()} | `{envs.get(c, '-')}` | {cells[0]} | {cells[1]} | "
+                         f"{ratio} | {cells[2]} | {cells[3]} |")
+        lines += ["", "| knob (step) | from -> to | llama.cpp | llama-bench | ours (cuda) | sim |",
+                  "|---|---|---:|---:|---:|---:|"]
+        for label, a, b in STEPS:
+            row = []
+            for t in TOOLS:
+                x, y = by.get((model, a, t)), by.get((model, b, t))
+                row.append(f"{(st.median(y) / st.median(x) - 1) * 100:+.1f} %" if x and y else "-")
+            if any(v != "-" for v in row):
+                lines.append(f"| {label} | {a} -> {b} | " + " | ".join(row) + " |")
+        best = []
+        for t in TOOLS:
+            cands = [(st.median(v), c) for (m, c, tt), v in by.items() if m == model and tt == t and v]
+            best.append(f"{min(cands)[0]:.0f} ({min(cands)[1]})" if cands else "-")
+        lines += [f"| best us/token | | {' | '.join(best)} |", ""]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--models", default="llama-3.2-1b",
+                   help="space/comma-separated preset[:layers] (default llama-3.2-1b; the issue's set: "
+                        + " ".join(f"{m}:{n}" if n else m for m, n in MODELS.items()) + ")")
+    p.add_argument("--configs", help="comma-separated subset of: " + ", ".join(CONFIGS))
+    p.add_argument("--llamacpp", help="build folder (default $WORKBENCH_LLAMACPP)")
+    p.add_argument("--context", type=int, default=512)
+    p.add_argument("--start-pos", type=int, default=448)
+    p.add_argument("--tokens", type=int, default=64)
+    p.add_argument("--reps", type=int, default=5, help="llama.cpp repetitions per round (llama-bench -r)")
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--ours-runs", type=int, default=3, help="cuda backend runs per round")
+    p.add_argument("--no-ours", action="store_true", help="llama.cpp and llama-bench only")
+    p.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", 1e9)))
+    p.add_argument("--jsonl", default="out/llamacpp_peer.jsonl")
+    p.add_argument("--md", help="markdown summary (default: the jsonl's name with .md)")
+    p.add_argument("--summarize", nargs="+", metavar="JSONL", help="only summarise these result files")
+    args = p.parse_args()
+    if args.configs:
+        args.configs = set(args.configs.split(","))
+        unknown = args.configs - set(CONFIGS)
+        if unknown:
+            p.error(f"unknown config(s) {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
+    md = Path(args.md or Path(args.jsonl).with_suffix(".md"))
+    args.md = str(md)
+    if not args.summarize:
+        bench = Bench(args)
+        for spec in args.models.replace(",", " ").split():
+            if bench.left() < 30:
+                print(f"time budget reached before {spec}", flush=True)
+                break
+            bench.run_model(spec)
+    recs = load(args.summarize or [args.jsonl])
+    md.parent.mkdir(parents=True, exist_ok=True)
+    md.write_text(summarize(recs))
+    print(md.read_text())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
