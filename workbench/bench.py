@@ -19,9 +19,10 @@ from typing import Any
 from .exec.calibration import known_gpus
 from .models import ModelConfig, load_config
 from .strategy import ALLOCATORS, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
+from .trace.io import SAVE_SUFFIXES, save_format, save_trace
 
 BACKENDS = ("sim", "cuda", "reference")
-TRACE_SUFFIXES = (".json", ".csv", ".parquet", ".html", ".png", ".svg", ".pdf")
+TRACE_SUFFIXES = SAVE_SUFFIXES
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -64,7 +65,9 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--gpu", default="h100", help=f"simulator calibration: {', '.join(known_gpus())} (default h100)")
     p.add_argument("--host-profile", help="simulator host profile (default: the calibration's, 'python'); "
                                           "e.g. llama.cpp, llama.cpp-windows")
-    p.add_argument("--trace", metavar="FILE", help=f"write the trace ({', '.join(TRACE_SUFFIXES)})")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write the trace: FILE.parquet (the native file: small, loads in well under a second; use "
+                        f"it for anything big), or {', '.join(s for s in TRACE_SUFFIXES if s != '.parquet')}")
     p.add_argument("--node-tokens", default="2", metavar="N|all",
                    help="cuda backend with --graphs: trace the last N tokens kernel by kernel and the others as "
                         "one span per graph launch (like nsys --cuda-graph-trace=graph); 'all' traces every "
@@ -160,23 +163,8 @@ def run_reference_plans(cfg: ModelConfig, strategy: Strategy, tokens: list[int],
 
 
 def write_trace(trace, path: str | Path) -> Path:
-    """Write a trace by suffix: .json (Perfetto), .csv, .parquet, or a drawn timeline (.html, .png, ...)."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        trace.events.to_csv(path, index=False)
-        return path
-    if suffix == ".parquet":
-        if importlib.util.find_spec("pyarrow") is None:
-            raise RuntimeError(f"writing {path.name} needs pyarrow (pip install pyarrow); or use .csv / .json")
-        trace.events.to_parquet(path, index=False)
-        return path
-    if suffix in TRACE_SUFFIXES:
-        from .view.export import export
-
-        return export(trace, path)
-    raise ValueError(f"--trace {path.name}: unknown format {suffix or '(none)'!r}; use one of "
-                     f"{', '.join(TRACE_SUFFIXES)}")
+    """Write a trace by suffix (``TRACE_SUFFIXES``; ``workbench.trace.io.save_trace``)."""
+    return save_trace(trace, path)
 
 
 def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) -> dict[str, Any]:
@@ -257,10 +245,7 @@ def main(args: argparse.Namespace) -> int:
     if args.tokens < 1:
         raise ValueError(f"--tokens must be >= 1, got {args.tokens}")
     if args.trace:
-        suffix = Path(args.trace).suffix.lower()
-        if suffix not in TRACE_SUFFIXES:
-            raise ValueError(f"--trace {args.trace}: unknown format {suffix or '(none)'!r}; use one of "
-                             f"{', '.join(TRACE_SUFFIXES)}")
+        save_format(args.trace)   # a wrong suffix fails before the run, not after it
     backend = choose_backend(args.backend)
     tokens = [int(t) for t in np.random.default_rng(args.seed).integers(0, cfg.get("vocab_size"), args.tokens)]
     run = run_backend(backend, cfg, strategy, tokens, args)
