@@ -30,13 +30,14 @@ COMPRESSION = "zstd"
 def to_arrow(trace: Trace) -> pa.Table:
     """The Trace table with its metadata attached to the schema."""
     table = pa.Table.from_pandas(trace.events, preserve_index=False)
-    extra = {META_KEY: encode_meta(trace.meta).encode(), FORMAT_KEY: FORMAT_VERSION}
-    return table.replace_schema_metadata({**(table.schema.metadata or {}), **extra})
+    # only our own keys: pandas' metadata would restore nothing the Arrow types do not
+    return table.replace_schema_metadata({META_KEY: encode_meta(trace.meta).encode(), FORMAT_KEY: FORMAT_VERSION})
 
 
 def write_parquet(trace: Trace, path: str | Path) -> Path:
     path = Path(path)
-    pq.write_table(to_arrow(trace), path, compression=COMPRESSION, use_dictionary=list(DICTIONARY))
+    pq.write_table(to_arrow(trace), path, compression=COMPRESSION, use_dictionary=list(DICTIONARY),
+                   write_page_checksum=True)   # a damaged page is an error on reading, not wrong events
     return path
 
 
@@ -46,7 +47,8 @@ def read_parquet(path: str | Path) -> Trace:
     path = Path(path)
     try:
         names = set(pq.read_schema(path).names)
-        table = pq.read_table(path, read_dictionary=[c for c in DICTIONARY if c in names])
+        table = pq.read_table(path, read_dictionary=[c for c in DICTIONARY if c in names],
+                              page_checksum_verification=True)
     except (pa.ArrowException, OSError) as e:
         what = "truncated or damaged" if "magic bytes" in str(e) or "footer" in str(e).lower() else "unreadable"
         raise TraceError(f"{path.name} is not a readable Parquet trace ({what}: {e}); write it again with "

@@ -137,7 +137,7 @@ def save_format(path: str | Path) -> str:
     for suffix in sorted(SAVE_SUFFIXES, key=len, reverse=True):
         if name.endswith(suffix):
             return {".htm": ".html", ".perfetto-trace": ".pftrace"}.get(suffix, suffix)
-    raise ValueError(f"{Path(path).name}: unknown trace format {Path(path).suffix or '(none)'!r}; use one of "
+    raise ValueError(f"{Path(path).name}: unknown format {Path(path).suffix or '(none)'!r} for a trace; use one of "
                      f"{', '.join(SAVE_SUFFIXES)} (.parquet for big traces)")
 
 

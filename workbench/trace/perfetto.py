@@ -291,7 +291,9 @@ def read_perfetto_file(path: str | Path, other: dict[str, Any] | None = None) ->
                 if b.num_rows:
                     batches.append(b)
     except pa.ArrowInvalid as e:
-        raise TraceError(f"{path.name}: an event line is not valid trace-event JSON ({e}); write it again") from None
+        if "Empty JSON stream" not in str(e):   # a trace without events has no event lines at all
+            raise TraceError(f"{path.name}: an event line is not valid trace-event JSON ({e}); write it again") \
+                from None
     table = pa.Table.from_batches(batches, schema=schema) if batches else schema.empty_table()
     t0 = int(other.get("t0_ns", 0))
     args = table.column("args").combine_chunks()

@@ -267,9 +267,19 @@ def _signed(v: int) -> int:
 
 
 def read_pftrace(path: str | Path) -> Trace:
-    """A Trace back from ``write_pftrace``'s file (every column, exact ns times)."""
+    """A Trace back from ``write_pftrace``'s file (every column, exact ns times); TraceError naming
+    the file and the fault when it is truncated, damaged or not written here."""
     path = Path(path)
-    data = memoryview(path.read_bytes())
+    try:
+        return _read(path, memoryview(path.read_bytes()))
+    except TraceError:
+        raise
+    except (UnicodeDecodeError, ValueError, KeyError, TypeError, struct.error) as e:
+        raise TraceError(f"{path.name} is not a valid Perfetto protobuf trace ({type(e).__name__}: {e}); the file "
+                         "is damaged: write it again") from None
+
+
+def _read(path: Path, data: memoryview) -> Trace:
     r = _Reader(data, path.name)
     info: dict[str, Any] | None = None
     open_slices: dict[int, list[int]] = {}

@@ -1,5 +1,5 @@
 """Write a timeline or trace to a file: self-contained HTML, PNG / SVG / PDF (kaleido driving
-Debian's chromium), or Chrome/Perfetto trace JSON (from a Trace).
+Debian's chromium), or a trace file (from a Trace, through ``workbench.trace.io.save_trace``).
 
 The HTML carries ``LOD_JS``, the browser half of ``workbench.view.timeline``: a zoom refills the
 event traces for the new window from the typed arrays in ``layout.meta.workbench.lod`` (single
@@ -258,15 +258,18 @@ def write_image(fig: go.Figure, path: str | Path, *, width: int | None = None, s
 
 def export(obj: go.Figure | Trace, path: str | Path, **kw) -> Path:
     """Write ``obj`` in the format named by the suffix of ``path``: .html, .png, .svg, .pdf
-    (a figure, or a trace drawn with ``timeline``) or .json (Perfetto; needs the Trace)."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        if not isinstance(obj, Trace):
-            raise ExportError("Perfetto JSON is written from a Trace, not from a figure: pass the trace")
-        from ..trace.perfetto import write_perfetto
+    (a figure, or a trace drawn with ``timeline``), or a trace file (.parquet, .json[.gz],
+    .pftrace, .csv: ``workbench.trace.io.save_trace``; needs the Trace)."""
+    from ..trace.io import DRAWN_SUFFIXES, SAVE_SUFFIXES, save_trace
 
-        return write_perfetto(obj, path)
+    path = Path(path)
+    name = path.name.lower()
+    suffix = path.suffix.lower()
+    if suffix not in DRAWN_SUFFIXES and any(name.endswith(s) for s in SAVE_SUFFIXES):
+        if not isinstance(obj, Trace):
+            raise ExportError(f"a {suffix} trace file (Perfetto JSON, Parquet, ...) is written from a Trace, not from "
+                              "a figure: pass the trace")
+        return save_trace(obj, path)
     if isinstance(obj, Trace):
         from .timeline import timeline
 
@@ -276,4 +279,4 @@ def export(obj: go.Figure | Trace, path: str | Path, **kw) -> Path:
     if suffix in (".png", ".svg", ".pdf"):
         return write_image(obj, path, **kw)
     raise ExportError(f"unknown export format {suffix or '(none)'!r} for {path.name}: "
-                      "expected .html, .png, .svg, .pdf or .json")
+                      "expected .html, .png, .svg, .pdf, or for a Trace .parquet, .json, .json.gz, .pftrace, .csv")
