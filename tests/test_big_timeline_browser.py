@@ -18,7 +18,8 @@ RUN = ["--backend", "sim", "--model", "llama-3.1-8b", "--tokens", "2200", "--con
 READY = "document.querySelector('.js-plotly-plot')?.dataset.workbenchLinks === 'ready'"
 KERNELS = """() => { const gd = document.querySelector('.js-plotly-plot');
     const k = gd._fullData[gd.layout.meta.workbench.traces.kernel];   // x decoded
-    return {view: gd.dataset.workbenchView, x: Array.from(k.x || []), cd: Array.isArray(k.customdata) ? k.customdata.map(r => r[2]) : []}; }"""
+    const cd = Array.isArray(k.customdata) ? k.customdata.map(r => r[2]) : [];
+    return {view: gd.dataset.workbenchView, x: Array.from(k.x || []), cd: cd}; }"""
 
 
 @pytest.mark.timeout(300)

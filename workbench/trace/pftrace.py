@@ -189,14 +189,14 @@ def _write_events(f, trace: Trace, t0: int, uuid_of: np.ndarray, extra: list[str
                 v = values[i]
                 if c in DEFAULTS and v == default:
                     continue
-                if isinstance(v, str):
-                    key = ("a", c, v)
-                    a = cache.get(key)
-                    if a is None:
-                        a = cache[key] = _annotation(c, v)
-                    body += a
-                else:
+                if c == "corr_id":     # nearly unique: not worth caching
                     body += _annotation(c, v)
+                    continue
+                key = ("a", c, v)
+                a = cache.get(key)
+                if a is None:
+                    a = cache[key] = _annotation(c, v)
+                body += a
             for fid in flows_out.get(i, ()):
                 body += _key(E_FLOW_IDS, 1) + struct.pack("<Q", fid)
             fid = flows_in.get(i)

@@ -13,7 +13,7 @@ each taking the colour of the class that keeps it busiest (hover gives the event
 share; ``raster_rows``). Every event stays in
 ``layout.meta.workbench.lod`` (typed arrays, sorted by start), so zooming refills the traces for
 the new window: ``LOD_JS`` of ``workbench.view.export`` in HTML, ``show_window`` in a widget.
-A million events build in about a second (``benchmarks/timeline_scale.py``). Hover data rides
+Timings of a 1.4 M-event run: ``data/bench/timeline_scale.md``. Hover data rides
 in ``customdata`` columns ``CUSTOMDATA`` (duration, stream, token, correlation id) and ``text``.
 
 Correlation: hovering or clicking an event fills the two highlight traces (the linked events
