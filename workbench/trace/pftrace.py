@@ -19,6 +19,7 @@ files written here (it is not a general Perfetto importer: export other traces t
 from __future__ import annotations
 
 import struct
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -47,7 +48,7 @@ PROC_PID, PROC_NAME = 1, 6
 A_BOOL, A_INT, A_DOUBLE, A_STRING, A_NAME = 2, 4, 5, 6, 10
 
 
-def _varint(n: int) -> bytes:
+def _varint_slow(n: int) -> bytes:
     n &= (1 << 64) - 1      # negative int64: ten-byte two's complement, as protobuf writes it
     out = bytearray()
     while n >= 0x80:
@@ -57,6 +58,14 @@ def _varint(n: int) -> bytes:
     return bytes(out)
 
 
+_SMALL = [_varint_slow(i) for i in range(1 << 14)]   # lengths, ids, small values: one lookup
+
+
+def _varint(n: int) -> bytes:
+    return _SMALL[n] if 0 <= n < 16384 else _varint_slow(n)
+
+
+@cache
 def _key(field: int, wire: int) -> bytes:
     return _varint(field << 3 | wire)
 
@@ -180,11 +189,15 @@ def _write_events(f, trace: Trace, t0: int, uuid_of: np.ndarray, extra: list[str
 
     buf: list[bytes] = []
     ts_list = ts.tolist()
+    tracks = {u: _int_field(E_TRACK_UUID, u) for u in set(uuids)}
+    k_ts, k_event, k_flow, k_term = _key(P_TIMESTAMP, 0), _key(P_TRACK_EVENT, 2), _key(E_FLOW_IDS, 1), \
+        _key(E_TERMINATING_FLOW_IDS, 1)
+    begin, end_type = _int_field(E_TYPE, SLICE_BEGIN), _int_field(E_TYPE, SLICE_END)
     for k in order.tolist():
         i = k if k < n else k - n
-        track = _int_field(E_TRACK_UUID, uuids[i])
+        track = tracks[uuids[i]]
         if k < n:
-            body = cached(E_NAME, names[i]) + cached(E_CATEGORIES, kinds[i]) + _int_field(E_TYPE, SLICE_BEGIN) + track
+            body = cached(E_NAME, names[i]) + cached(E_CATEGORIES, kinds[i]) + begin + track
             for c, values, default in col_values:
                 v = values[i]
                 if c in DEFAULTS and v == default:
@@ -198,13 +211,14 @@ def _write_events(f, trace: Trace, t0: int, uuid_of: np.ndarray, extra: list[str
                     a = cache[key] = _annotation(c, v)
                 body += a
             for fid in flows_out.get(i, ()):
-                body += _key(E_FLOW_IDS, 1) + struct.pack("<Q", fid)
+                body += k_flow + struct.pack("<Q", fid)
             fid = flows_in.get(i)
             if fid is not None:
-                body += _key(E_TERMINATING_FLOW_IDS, 1) + struct.pack("<Q", fid)
+                body += k_term + struct.pack("<Q", fid)
         else:
-            body = _int_field(E_TYPE, SLICE_END) + track
-        buf.append(_packet(_int_field(P_TIMESTAMP, ts_list[k]) + _bytes_field(P_TRACK_EVENT, body) + seq))
+            body = end_type + track
+        packet = k_ts + _varint(ts_list[k]) + k_event + _varint(len(body)) + body + seq
+        buf.append(b"\x0a" + _varint(len(packet)) + packet)
         if len(buf) >= 65_536:
             f.write(b"".join(buf))
             buf.clear()
