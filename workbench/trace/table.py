@@ -87,13 +87,19 @@ class Trace:
         return save_trace(self, path)
 
 
+def _copy_on_write() -> bool:
+    return int(pd.__version__.split(".")[0]) >= 3 or pd.options.mode.copy_on_write is True
+
+
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Fill optional columns, enforce dtypes, check required ones and value ranges, sort by start."""
     required = ("row", "kind", "name", "start_ns", "end_ns")
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise TraceError(f"trace table is missing column(s) {missing}; required: {list(required)}")
-    df = df.copy(deep=False)   # columns are replaced below, never written into: the caller's table stays
+    # columns are replaced below, never written into; under copy-on-write (pandas 3) a shallow copy
+    # keeps the caller's table as it is without copying a million rows
+    df = df.copy(deep=not _copy_on_write())
     defaults = {"stream": -1, "corr_id": -1, "token": -1, "node": "", "bytes": 0, "copy_kind": "",
                 "graph_id": 0, "tid": -1, "pid": -1, "device": -1}
     for col, default in defaults.items():
