@@ -12,8 +12,8 @@ precision (``otherData.t0_ns`` holds the origin), so re-import is exact.
 File layout (``write_perfetto``): ``otherData`` first, then one trace event per line. Any JSON
 reader takes it; ``read_perfetto_file`` streams it instead of parsing one 500 MB document: the
 lines go in blocks through Arrow's multi-threaded JSON reader with the schema given up front
-(``otherData.columns`` lists the extra columns), so a million-event file loads in seconds and in
-memory bounded by the table it builds. ``.gz`` is written and read gzip-compressed.
+(``otherData.columns`` lists the extra columns), so a million-event file loads in seconds with a
+peak memory of a few times the table it builds. ``.gz`` is written and read gzip-compressed.
 """
 
 from __future__ import annotations
@@ -43,8 +43,8 @@ DEFAULTS: dict[str, Any] = {"stream": -1, "corr_id": -1, "token": -1, "node": ""
 HEADER_PREFIX = b'{"otherData":{"producer":"workbench"'
 GZIP_MAGIC = b"\x1f\x8b"
 GZIP_LEVEL = 3             # level 9 (gzip's default) takes several times longer for a few % smaller files
-BLOCK_BYTES = 16 << 20
-WRITE_BATCH = 65_536      # Arrow JSON block: large enough for any one event line
+BLOCK_BYTES = 16 << 20     # Arrow JSON block: large enough for any one event line
+WRITE_BATCH = 65_536       # events serialized by one orjson call
 
 
 def _other_data(trace: Trace, t0: int, flows: int | None) -> dict[str, Any]:
@@ -91,15 +91,27 @@ def _events(trace: Trace, t0: int, counter: list[int]) -> Iterator[dict[str, Any
     start = ((ev["start_ns"].to_numpy() - t0) / 1e3).tolist()
     dur = ((ev["end_ns"].to_numpy() - ev["start_ns"].to_numpy()) / 1e3).tolist()
     extra = [c for c in ev.columns if c not in COLUMNS]
-    arg_cols = ["row"] + list(DEFAULTS) + extra
-    col_values = [(c, ev[c].tolist(), DEFAULTS.get(c, _NO_DEFAULT)) for c in arg_cols]
+    rows = ev["row"].tolist()
+    optional = [(c, ev[c].tolist(), d) for c, d in DEFAULTS.items()]
+    always = [(c, ev[c].tolist()) for c in extra]
     names, kinds = ev["name"].tolist(), ev["kind"].tolist()
     for i in range(len(ev)):
-        args = {c: v[i] for c, v, d in col_values if v[i] != d}
+        args = {"row": rows[i]}
+        args.update((c, v[i]) for c, v, d in optional if v[i] != d)
+        args.update((c, v[i]) for c, v in always)
         yield dict(ph="X", name=names[i], cat=kinds[i], ts=start[i], dur=dur[i], pid=pid_of[i], tid=tid_of[i],
                    args=args)
 
-    # flows: API call -> each piece of device work with its correlation id
+    work, api = launch_flows(ev)
+    for fid, (w, a) in enumerate(zip(work.tolist(), api.tolist()), start=1):
+        yield dict(ph="s", id=fid, cat="ac2g", name="ac2g", pid=pid_of[a], tid=tid_of[a], ts=start[a])
+        yield dict(ph="f", bp="e", id=fid, cat="ac2g", name="ac2g", pid=pid_of[w], tid=tid_of[w], ts=start[w])
+    counter[0] = len(work)
+
+
+def launch_flows(ev: pd.DataFrame) -> tuple[np.ndarray, np.ndarray]:
+    """The launch flows of a trace (Kineto's ``ac2g``): (device work row, API call row) per
+    flow, one for every piece of device work whose correlation id names an API call (its first)."""
     corr = ev["corr_id"].to_numpy()
     device = is_device_row(ev["row"])
     host_api = np.flatnonzero(~device & (corr >= 0) & ev["kind"].isin(["api", "sync"]).to_numpy())
@@ -108,18 +120,7 @@ def _events(trace: Trace, t0: int, counter: list[int]) -> Iterator[dict[str, Any
     work = np.flatnonzero(device & (corr >= 0))
     src = first_api.reindex(corr[work]).to_numpy()
     keep = ~np.isnan(src)
-    for fid, (w, a) in enumerate(zip(work[keep].tolist(), src[keep].astype(np.int64).tolist()), start=1):
-        yield dict(ph="s", id=fid, cat="ac2g", name="ac2g", pid=pid_of[a], tid=tid_of[a], ts=start[a])
-        yield dict(ph="f", bp="e", id=fid, cat="ac2g", name="ac2g", pid=pid_of[w], tid=tid_of[w], ts=start[w])
-    counter[0] = int(keep.sum())
-
-
-class _NoDefault:
-    def __ne__(self, other: object) -> bool:
-        return True
-
-
-_NO_DEFAULT = _NoDefault()
+    return work[keep], src[keep].astype(np.int64)
 
 
 def _t0(trace: Trace) -> int:

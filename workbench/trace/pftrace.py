@@ -27,9 +27,9 @@ import numpy as np
 import orjson
 import pandas as pd
 
-from .layout import is_device_row, layout
+from .layout import layout
 from .meta import decode_meta, encode_meta
-from .perfetto import DEFAULTS, GPU_PID_BASE, HOST_PID
+from .perfetto import DEFAULTS, GPU_PID_BASE, HOST_PID, launch_flows
 from .table import COLUMNS, Trace, TraceError
 
 FORMAT_VERSION = 1
@@ -147,17 +147,10 @@ def write_pftrace(trace: Trace, path: str | Path) -> Path:
 
 def _flows(ev: pd.DataFrame) -> tuple[dict[int, list[int]], dict[int, int]]:
     """Flow ids leaving each API call and ending at each piece of device work (as in JSON)."""
-    corr = ev["corr_id"].to_numpy()
-    device = is_device_row(ev["row"])
-    host_api = np.flatnonzero(~device & (corr >= 0) & ev["kind"].isin(["api", "sync"]).to_numpy())
-    first_api = pd.Series(host_api, index=corr[host_api])
-    first_api = first_api[~first_api.index.duplicated()]
-    work = np.flatnonzero(device & (corr >= 0))
-    src = first_api.reindex(corr[work]).to_numpy()
-    keep = ~np.isnan(src)
     out: dict[int, list[int]] = {}
     into: dict[int, int] = {}
-    for fid, (w, a) in enumerate(zip(work[keep].tolist(), src[keep].astype(np.int64).tolist()), start=1):
+    work, api = launch_flows(ev)
+    for fid, (w, a) in enumerate(zip(work.tolist(), api.tolist()), start=1):
         out.setdefault(a, []).append(fid)
         into[w] = fid
     return out, into
