@@ -171,7 +171,7 @@ def test_html_export_is_self_contained_with_the_link_script(tmp_path, fig: go.Fi
     html = path.read_text()
     assert "workbenchLinks" in html and "plotly_hover" in html
     assert "<script src=" not in html and len(html) > 3_000_000   # plotly.js inlined: opens offline
-    with pytest.raises(ExportError, match="Perfetto JSON is written from a Trace"):
+    with pytest.raises(ExportError, match="is written from a Trace, not from a figure"):
         export(fig, tmp_path / "t.json")
     with pytest.raises(ExportError, match="expected .html, .png"):
         export(fig, tmp_path / "t.bmp")

@@ -44,8 +44,8 @@ def test_perfetto_round_trip_keeps_every_event(tmp_path, graphs: bool) -> None:
     back = load_trace(path)
     cols = list(tr.events.columns)
     assert len(back) == len(tr)
-    pd.testing.assert_frame_equal(back.events[cols], tr.events[cols], check_dtype=False)
-    assert back.meta["processes"] == {"4242": "llama-decode"}   # JSON keys: what layout labels read
+    pd.testing.assert_frame_equal(back.events[cols], tr.events[cols])
+    assert back.meta["processes"] == {4242: "llama-decode"}   # integer keys survive JSON (workbench.trace.meta)
 
 
 def test_perfetto_json_is_what_the_trace_viewers_expect(trace: Trace) -> None:
@@ -198,7 +198,7 @@ def test_chrome_errors_say_what_was_expected(tmp_path) -> None:
         load_trace(tmp_path / "missing.json")
     binary = tmp_path / "image.png"
     binary.write_bytes(b"\x89PNG\r\n\x1a\n\x00\xff\xfe")
-    with pytest.raises(TraceError, match="neither SQLite nor"):
+    with pytest.raises(TraceError, match="neither Parquet, SQLite nor"):
         load_trace(binary)
 
 

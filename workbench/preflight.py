@@ -22,6 +22,7 @@ from .models.validate import InvalidField
 from .progress import heartbeat
 from .resources import MAX_SECONDS, Estimate, check, estimate
 from .strategy import Strategy
+from .trace.io import DRAWN_SUFFIXES, SAVE_SUFFIXES
 
 Emit = Callable[[str], None]
 
@@ -128,8 +129,6 @@ def verify_checks(cfg: ModelConfig, strategy: Strategy, opts: Mapping[str, Any],
     return est
 
 
-#: ``view --out`` formats: timelines as figures, or the trace itself as Perfetto JSON.
-VIEW_SUFFIXES = (".html", ".htm", ".png", ".svg", ".pdf", ".json")
 
 
 def view_checks(trace: str | Path, out: str | None, opts: Mapping[str, Any], emit: Emit) -> list[str]:
@@ -143,7 +142,7 @@ def view_checks(trace: str | Path, out: str | None, opts: Mapping[str, Any], emi
             raise validate.OptionError(f"--compare {other}: no such trace file")
     if out is not None:
         why = " (--compare draws a figure)" if compare else ""
-        suffixes = tuple(s for s in VIEW_SUFFIXES if not (compare and s == ".json"))
+        suffixes = DRAWN_SUFFIXES if compare else SAVE_SUFFIXES
         validate.check_output("--out", out, suffixes, why)
         if Path(out).resolve() in {Path(p).resolve() for p in [trace, *compare]}:
             raise validate.OptionError(f"--out {out}: is one of the traces being read; write to another file")

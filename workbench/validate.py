@@ -86,7 +86,8 @@ def check_output(flag: str, path: str | Path, suffixes: Iterable[str], why: str 
     does not cost a whole run; nothing is created."""
     path = Path(path)
     suffixes = tuple(suffixes)
-    suffix = path.suffix.lower()
+    name = path.name.lower()
+    suffix = next((x for x in sorted(suffixes, key=len, reverse=True) if name.endswith(x)), path.suffix.lower())
     if suffix not in suffixes:
         raise OptionError(f"{flag} {path}: unknown format {suffix or '(no suffix)'!r}{why}; use one of "
                           f"{', '.join(suffixes)}")

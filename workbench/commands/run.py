@@ -6,10 +6,8 @@ and CuPy are present and the calibrated simulator otherwise, and says which on s
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import math
-from pathlib import Path
 from typing import Any
 
 from .. import preflight
@@ -19,10 +17,11 @@ from ..exec.calibration import known_gpus
 from ..models import ModelConfig
 from ..progress import ProgressBar
 from ..strategy import Strategy
+from ..trace.io import SAVE_SUFFIXES, save_trace
 from ..validate import node_tokens_arg
 from .flags import add_model_strategy_args, config_from_args, strategy_from_args
 
-TRACE_SUFFIXES = (".json", ".csv", ".parquet", ".html", ".png", ".svg", ".pdf")
+TRACE_SUFFIXES = SAVE_SUFFIXES
 
 
 def configure(p: argparse.ArgumentParser) -> None:
@@ -41,7 +40,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                                           "e.g. llama.cpp, llama.cpp-windows")
     p.add_argument("--llamacpp", metavar="DIR", help="llamacpp backend: the llama.cpp build to load (a folder with "
                                                       "libllama.so and libggml*.so; default $WORKBENCH_LLAMACPP)")
-    p.add_argument("--trace", metavar="FILE", help=f"write the trace ({', '.join(TRACE_SUFFIXES)})")
+    p.add_argument("--trace", metavar="FILE",
+                   help="write the trace: FILE.parquet (the native file: small, loads in well under a second; use "
+                        f"it for anything big), or {', '.join(s for s in TRACE_SUFFIXES if s != '.parquet')}")
     p.add_argument("--node-tokens", default=None, metavar="N|all",
                    help="cuda backend with --graphs: trace the last N tokens kernel by kernel and the others as "
                         "one span per graph launch (like nsys --cuda-graph-trace=graph); 'all' traces every "
@@ -64,26 +65,6 @@ def backend_options(args: argparse.Namespace, backend: str) -> dict[str, Any]:
     """The options of ``backend`` from the flags (the others get a notice: ``validate.inert_options``)."""
     return {name: parse(getattr(args, dest)) for dest, (owner, name, parse) in BACKEND_FLAGS.items()
             if owner == backend and getattr(args, dest, None) is not None}
-
-
-def write_trace(trace, path: str | Path) -> Path:
-    """Write a trace by suffix: .json (Perfetto), .csv, .parquet, or a drawn timeline (.html, .png, ...)."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".csv":
-        trace.events.to_csv(path, index=False)
-        return path
-    if suffix == ".parquet":
-        if importlib.util.find_spec("pyarrow") is None:
-            raise RuntimeError(f"writing {path.name} needs pyarrow (pip install pyarrow); or use .csv / .json")
-        trace.events.to_parquet(path, index=False)
-        return path
-    if suffix in TRACE_SUFFIXES:
-        from ..view.export import export
-
-        return export(trace, path)
-    raise ValueError(f"--trace {path.name}: unknown format {suffix or '(none)'!r}; use one of "
-                     f"{', '.join(TRACE_SUFFIXES)}")
 
 
 def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) -> dict[str, Any]:
@@ -177,7 +158,7 @@ def main(args: argparse.Namespace) -> int:
                          seed=args.seed, trace=bool(args.trace), progress=progress, max_seconds=args.max_seconds,
                          notice=emit, **backend_options(args, backend))
     if args.trace:
-        write_trace(result_run.trace, args.trace)
+        save_trace(result_run.trace, args.trace)
     out = result(cfg, strategy, result_run, args)
     print(json.dumps(out) if args.json else describe(out))
     return 0

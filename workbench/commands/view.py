@@ -1,5 +1,5 @@
-"""``workbench view``: draw, summarise, analyse or convert a trace file (nsys SQLite export,
-PyTorch-profiler / Kineto JSON, workbench Perfetto JSON)."""
+"""``workbench view``: draw, summarise, analyse or convert a trace file (workbench Parquet,
+Perfetto JSON or protobuf, nsys SQLite export, PyTorch-profiler / Kineto JSON)."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pandas as pd
 
 from .. import preflight
 from ..trace import analysis
-from ..trace.io import load_trace
+from ..trace.io import DRAWN_SUFFIXES, SAVE_SUFFIXES, load_trace, save_format, save_trace
 
 ANALYSES = {
     "gaps": lambda t: analysis.idle_summary(analysis.gpu_idle_gaps(t)),
@@ -24,8 +24,10 @@ ANALYSES = {
 
 
 def configure(p: argparse.ArgumentParser) -> None:
-    p.add_argument("trace", metavar="TRACE_FILE", help="nsys .sqlite export, Kineto .json[.gz] or workbench .json")
-    p.add_argument("--out", metavar="FILE", help="write FILE.html, .png, .svg, .pdf (timeline) or .json (Perfetto); "
+    p.add_argument("trace", metavar="TRACE_FILE", help="workbench .parquet / .json[.gz] / .pftrace, nsys .sqlite "
+                   "export or Kineto .json[.gz]")
+    p.add_argument("--out", metavar="FILE", help="write FILE.html, .png, .svg, .pdf (timeline) or convert the trace: "
+                   f"{', '.join(s for s in SAVE_SUFFIXES if s not in DRAWN_SUFFIXES)}; "
                    "default without --summary/--analysis: <trace name>.html here")
     p.add_argument("--summary", action="store_true", help="print event counts, links and span as JSON")
     p.add_argument("--analysis", choices=sorted(ANALYSES), action="append", default=[],
@@ -48,11 +50,13 @@ def main(args: argparse.Namespace) -> int:
             print(f"# {name}\n{ANALYSES[name](trace).to_string(index=False)}")
     if out is None:
         return 0
-    from ..view.export import export
-
+    fmt = save_format(out)
     if args.compare:
         from ..view.compare import compare
+        from ..view.export import export
 
+        if fmt not in DRAWN_SUFFIXES:
+            raise ValueError(f"--compare draws a figure: write it as .html, .png or .svg, not {fmt}")
         runs = {labels[0]: trace}
         for label, other in zip(labels[1:], args.compare):
             runs[label] = load_trace(other)
@@ -60,13 +64,13 @@ def main(args: argparse.Namespace) -> int:
         if not common:
             raise ValueError("the runs share no token to align at: every run needs per-token events")
         align = args.align_token if args.align_token is not None else common[min(1, len(common) - 1)]
-        obj = compare(runs, align_token=align, title=args.title)
-    elif Path(out).suffix.lower() == ".json":
-        obj = trace
-    else:
+        written = export(compare(runs, align_token=align, title=args.title), out)
+    elif fmt in DRAWN_SUFFIXES:
+        from ..view.export import export
         from ..view.timeline import timeline
 
-        obj = timeline(trace, title=args.title or path.name)
-    written = export(obj, out)
+        written = export(timeline(trace, title=args.title or path.name), out)
+    else:
+        written = save_trace(trace, out)
     print(f"wrote {written} ({written.stat().st_size / 1024:,.0f} KiB)")
     return 0

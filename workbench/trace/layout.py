@@ -29,7 +29,8 @@ def assign_lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nd
     """First-fit lane of every event inside its group, lane 0 for events that overlap nothing.
 
     Events that touch (one ends where the next starts) share a lane. Only clusters of
-    overlapping events go through the Python loop, so a trace without overlap costs a sort.
+    overlapping events need first-fit (a trace without overlap costs a sort); many short ones
+    (PDL chains) are placed all at once, step by step, a few long ones event by event.
     """
     n = len(start)
     lanes = np.zeros(n, dtype=np.int64)
@@ -53,27 +54,64 @@ def assign_lanes(group: np.ndarray, start: np.ndarray, end: np.ndarray) -> np.nd
     cluster = np.cumsum(starts_cluster)
     size = np.bincount(cluster)
     in_multi = size[cluster] > 1
+    sorted_lanes = np.zeros(n, dtype=np.int64)
     idx = np.flatnonzero(in_multi)
     if len(idx):
-        out = np.zeros(len(idx), dtype=np.int64)
-        ss, ee, fresh = s[idx].tolist(), e[idx].tolist(), starts_cluster[idx].tolist()
-        lane_end: list[int] = []
-        for k in range(len(idx)):
-            if fresh[k]:
-                lane_end = []
-            st = ss[k]
-            for j, le in enumerate(lane_end):
-                if le <= st:
-                    lane_end[j] = ee[k]
-                    out[k] = j
-                    break
-            else:
-                out[k] = len(lane_end)
-                lane_end.append(ee[k])
-        sorted_lanes = np.zeros(n, dtype=np.int64)
-        sorted_lanes[idx] = out
-        lanes[order] = sorted_lanes
+        first = np.zeros(len(size), dtype=np.int64)
+        first[cluster[::-1]] = np.arange(n)[::-1]
+        pos = idx - first[cluster[idx]]          # place of each event inside its cluster
+        if int(pos.max()) * _STEP_COST < len(idx):
+            sorted_lanes[idx] = _first_fit_wavefront(cluster[idx], pos, s[idx], e[idx])
+        else:
+            sorted_lanes[idx] = _first_fit_loop(s[idx], e[idx], starts_cluster[idx])
+    lanes[order] = sorted_lanes
     return lanes
+
+
+#: one wavefront step (numpy calls over all clusters at once) costs about this many events of the
+#: Python loop; many short clusters (PDL chains, one per token) go wavefront, few long ones loop
+_STEP_COST = 60
+
+
+def _first_fit_loop(s: np.ndarray, e: np.ndarray, fresh_cluster: np.ndarray) -> np.ndarray:
+    """First-fit lanes, one event after another (events sorted by start inside each cluster)."""
+    out = np.zeros(len(s), dtype=np.int64)
+    ss, ee, fresh = s.tolist(), e.tolist(), fresh_cluster.tolist()
+    lane_end: list[int] = []
+    for k in range(len(ss)):
+        if fresh[k]:
+            lane_end = []
+        st = ss[k]
+        for j, le in enumerate(lane_end):
+            if le <= st:
+                lane_end[j] = ee[k]
+                out[k] = j
+                break
+        else:
+            out[k] = len(lane_end)
+            lane_end.append(ee[k])
+    return out
+
+
+def _first_fit_wavefront(cluster: np.ndarray, pos: np.ndarray, s: np.ndarray, e: np.ndarray) -> np.ndarray:
+    """First-fit lanes of all clusters at once: step p places the p-th event of every cluster."""
+    out = np.zeros(len(s), dtype=np.int64)
+    cid = np.unique(cluster, return_inverse=True)[1]
+    order = np.lexsort((cid, pos))
+    bounds = np.searchsorted(pos[order], np.arange(int(pos.max()) + 2))
+    free_at = np.iinfo(np.int64).min
+    lane_end = np.full((int(cid.max()) + 1, 4), free_at, dtype=np.int64)
+    for p in range(len(bounds) - 1):
+        sel = order[bounds[p]:bounds[p + 1]]
+        c, st = cid[sel], s[sel]
+        fits = lane_end[c] <= st[:, None]
+        if not fits.any(axis=1).all():   # every lane busy somewhere: add lanes
+            lane_end = np.concatenate([lane_end, np.full_like(lane_end, free_at)], axis=1)
+            fits = lane_end[c] <= st[:, None]
+        j = fits.argmax(axis=1)
+        lane_end[c, j] = e[sel]
+        out[sel] = j
+    return out
 
 
 @dataclass(frozen=True)

@@ -7,6 +7,7 @@ host thread's API calls, ``Stream N`` for device work, ``NVTX`` for markers).
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -78,6 +79,17 @@ class Trace:
         t = self.events["token"]
         return sorted(int(x) for x in t[t >= 0].unique())
 
+    def save(self, path: str | Path) -> Path:
+        """Write the trace in the format the suffix of ``path`` names (``.parquet`` for anything
+        big; see ``workbench.trace.io.save_trace``); ``workbench.trace.io.load_trace`` reads it back."""
+        from .io import save_trace
+
+        return save_trace(self, path)
+
+
+def _copy_on_write() -> bool:
+    return int(pd.__version__.split(".")[0]) >= 3 or pd.options.mode.copy_on_write is True
+
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Fill optional columns, enforce dtypes, check required ones and value ranges, sort by start."""
@@ -85,7 +97,9 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
     missing = [c for c in required if c not in df.columns]
     if missing:
         raise TraceError(f"trace table is missing column(s) {missing}; required: {list(required)}")
-    df = df.copy()
+    # columns are replaced below, never written into; under copy-on-write (pandas 3) a shallow copy
+    # keeps the caller's table as it is without copying a million rows
+    df = df.copy(deep=not _copy_on_write())
     defaults = {"stream": -1, "corr_id": -1, "token": -1, "node": "", "bytes": 0, "copy_kind": "",
                 "graph_id": 0, "tid": -1, "pid": -1, "device": -1}
     for col, default in defaults.items():

@@ -1,5 +1,5 @@
 """Write a timeline or trace to a file: self-contained HTML, PNG / SVG / PDF (kaleido driving
-Debian's chromium), or Chrome/Perfetto trace JSON (from a Trace).
+Debian's chromium), or a trace file (from a Trace, through ``workbench.trace.io.save_trace``).
 
 The HTML carries ``LOD_JS``, the browser half of ``workbench.view.timeline``: a zoom refills the
 event traces for the new window from the typed arrays in ``layout.meta.workbench.lod`` (single
@@ -17,8 +17,10 @@ import warnings
 from pathlib import Path
 
 import plotly.graph_objects as go
+import plotly.io as pio
 
 from ..trace.table import Trace
+from .lodpack import UNPACK_JS, pack_lod
 
 #: plotly config of exported HTML: wheel zooms the time axis (rows are fixed), no logo
 HTML_CONFIG = {"scrollZoom": True, "displaylogo": False, "responsive": True, "doubleClick": "reset",
@@ -40,11 +42,13 @@ LOD_JS = r"""
     return new TYPES[a.dtype](u8.buffer);
   }
   var C = {};
-  Object.keys(L.classes).forEach(function (cls) {
-    var c = L.classes[cls];
-    C[cls] = {trace: c.trace, x0: decode(c.x0), x1: decode(c.x1), y: decode(c.y), cd: decode(c.cd),
-              label: decode(c.label), maxdur: c.maxdur, detail: c.detail, overview: c.overview};
-  });
+  function fill(classes) {
+    Object.keys(classes).forEach(function (cls) {
+      var c = classes[cls];
+      C[cls] = {trace: c.trace, x0: decode(c.x0), x1: decode(c.x1), y: decode(c.y), cd: decode(c.cd),
+                label: decode(c.label), maxdur: c.maxdur, detail: c.detail, overview: c.overview};
+    });
+  }
   function lowerBound(a, v) {
     var lo = 0, hi = a.length;
     while (lo < hi) { var m = (lo + hi) >> 1; if (a[m] < v) { lo = m + 1; } else { hi = m; } }
@@ -135,13 +139,13 @@ LOD_JS = r"""
     Plotly.restyle(gd, up, ids);
     gd.dataset.workbenchView = one ? 'detail' : 'merged';
   }
-  gd.on('plotly_relayout', function (ev) {
+  function onZoom(ev) {
     if (!ev) { return; }
     var keys = Object.keys(ev).join(' ');
     if (keys.indexOf('xaxis.range') < 0 && keys.indexOf('xaxis.autorange') < 0) { return; }
     var r = gd._fullLayout.xaxis.range;
     show(r[0], r[1]);
-  });
+  }
 
   // correlation: an API call and the work it launched share a correlation id
   var index = null, pinned = false, shown = null;
@@ -178,17 +182,23 @@ LOD_JS = r"""
     if (!p || !p.data || !p.data.meta || !(p.data.meta.cls in C) || !p.customdata) { return null; }
     return p.customdata[3];
   }
-  gd.on('plotly_hover', function (ev) { if (!pinned) { link(corrOf(ev)); } });
-  gd.on('plotly_unhover', function () { if (!pinned) { link(null); } });
-  gd.on('plotly_click', function (ev) {
-    var c = corrOf(ev);
-    pinned = c !== null && c >= 0;
-    shown = undefined;
-    link(pinned ? c : null);
-  });
-  gd.dataset.workbenchLinks = 'ready';
+  function wire() {
+    gd.on('plotly_relayout', onZoom);
+    gd.on('plotly_hover', function (ev) { if (!pinned) { link(corrOf(ev)); } });
+    gd.on('plotly_unhover', function () { if (!pinned) { link(null); } });
+    gd.on('plotly_click', function (ev) {
+      var c = corrOf(ev);
+      pinned = c !== null && c >= 0;
+      shown = undefined;
+      link(pinned ? c : null);
+    });
+    gd.dataset.workbenchLinks = 'ready';
+  }
+{unpack_js}
+  (L.packed ? unpackLod(L) : Promise.resolve(L.classes)).then(function (classes) { fill(classes); wire(); },
+    function (err) { gd.dataset.workbenchLinks = 'error: ' + err; });
 })();
-"""
+""".replace("{unpack_js}", UNPACK_JS)
 
 
 class ExportError(RuntimeError):
@@ -208,9 +218,19 @@ def chromium_path() -> str | None:
 
 
 def write_html(fig: go.Figure, path: str | Path) -> Path:
-    """Self-contained HTML (plotly.js inlined: opens offline) with hover/click correlation."""
+    """Self-contained HTML (plotly.js inlined: opens offline) with hover/click correlation; a
+    timeline's level-of-detail arrays go in packed (``workbench.view.lodpack``), so the file
+    grows by a few bytes an event."""
     path = Path(path)
-    fig.write_html(path, include_plotlyjs=True, full_html=True, config=HTML_CONFIG, post_script=LOD_JS)
+    meta = fig.layout.meta
+    wb = meta.get("workbench") if isinstance(meta, dict) else None
+    obj: go.Figure | dict = fig
+    if wb is not None and "lod" in wb and not wb["lod"].get("packed"):
+        spec = fig.to_plotly_json()    # the figure's own data, not a copy; the figure stays as it is
+        packed = {**meta, "workbench": {**wb, "lod": pack_lod(wb["lod"])}}
+        obj = {"data": spec["data"], "layout": {**spec["layout"], "meta": packed}}
+    pio.write_html(obj, path, include_plotlyjs=True, full_html=True, config=HTML_CONFIG, post_script=LOD_JS,
+                   validate=False)
     return path
 
 
@@ -238,15 +258,18 @@ def write_image(fig: go.Figure, path: str | Path, *, width: int | None = None, s
 
 def export(obj: go.Figure | Trace, path: str | Path, **kw) -> Path:
     """Write ``obj`` in the format named by the suffix of ``path``: .html, .png, .svg, .pdf
-    (a figure, or a trace drawn with ``timeline``) or .json (Perfetto; needs the Trace)."""
-    path = Path(path)
-    suffix = path.suffix.lower()
-    if suffix == ".json":
-        if not isinstance(obj, Trace):
-            raise ExportError("Perfetto JSON is written from a Trace, not from a figure: pass the trace")
-        from ..trace.perfetto import write_perfetto
+    (a figure, or a trace drawn with ``timeline``), or a trace file (.parquet, .json[.gz],
+    .pftrace, .csv: ``workbench.trace.io.save_trace``; needs the Trace)."""
+    from ..trace.io import DRAWN_SUFFIXES, SAVE_SUFFIXES, save_trace
 
-        return write_perfetto(obj, path)
+    path = Path(path)
+    name = path.name.lower()
+    suffix = path.suffix.lower()
+    if suffix not in DRAWN_SUFFIXES and any(name.endswith(s) for s in SAVE_SUFFIXES):
+        if not isinstance(obj, Trace):
+            raise ExportError(f"a {suffix} trace file (Perfetto JSON, Parquet, ...) is written from a Trace, not from "
+                              "a figure: pass the trace")
+        return save_trace(obj, path)
     if isinstance(obj, Trace):
         from .timeline import timeline
 
@@ -256,4 +279,4 @@ def export(obj: go.Figure | Trace, path: str | Path, **kw) -> Path:
     if suffix in (".png", ".svg", ".pdf"):
         return write_image(obj, path, **kw)
     raise ExportError(f"unknown export format {suffix or '(none)'!r} for {path.name}: "
-                      "expected .html, .png, .svg, .pdf or .json")
+                      "expected .html, .png, .svg, .pdf, or for a Trace .parquet, .json, .json.gz, .pftrace, .csv")

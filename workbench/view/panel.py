@@ -5,7 +5,7 @@
 Strategy knob, PDL wait and trigger per kernel family included, above four outputs: the Nsight-like
 timeline, a stats table of the run history with the speedup against a pinned baseline, the
 baseline-vs-run comparison, and the race check's verdict. Export buttons write the shown run as
-HTML, PNG, SVG or Perfetto JSON and say where the file went.
+HTML, PNG, SVG, Perfetto JSON or a Parquet trace and say where the file went.
 
 Why it is built this way:
 
@@ -127,9 +127,10 @@ class ControlPanel:
         self.summary = W.HTML()
         self.history_select = W.Dropdown(options=[], description="show", style={"description_width": "40px"},
                                          layout=W.Layout(width="420px"))
-        self.export_buttons = {fmt: W.Button(description=fmt.upper() if fmt != "json" else "Perfetto JSON",
-                                             icon="download", layout=W.Layout(width="auto"))
-                               for fmt in ("html", "png", "svg", "json")}
+        labels = {"json": "Perfetto JSON", "parquet": "Parquet trace"}
+        self.export_buttons = {fmt: W.Button(description=labels.get(fmt, fmt.upper()), icon="download",
+                                             layout=W.Layout(width="auto"))
+                               for fmt in ("html", "png", "svg", "json", "parquet")}
         self.export_status = W.HTML()
         self.timeline_box = W.Box(layout=W.Layout(width="100%"))
         self.compare_box = W.Box(layout=W.Layout(width="100%"))

@@ -132,7 +132,9 @@ class LabSession:
         return pd.DataFrame(rows)
 
     def export(self, entry: Entry, fmt: str, out_dir: str | Path) -> Path:
-        """Write ``entry`` as ``html``, ``png``, ``svg`` (its timeline) or ``json`` (Perfetto)."""
+        """Write ``entry`` as ``html``, ``png``, ``svg`` (its timeline), or its trace itself as
+        ``parquet`` (the native file), ``json`` (Perfetto) or ``pftrace`` (Perfetto protobuf)."""
+        from ..trace.io import save_trace
         from .export import export
         from .timeline import timeline
 
@@ -140,5 +142,7 @@ class LabSession:
         slug = slug.replace("/", "-").replace("(", "").replace(")", "").replace(",", "-")
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
-        obj = entry.run.trace if fmt == "json" else timeline(entry.run.trace, title=entry.label)
-        return export(obj, out_dir / f"{slug}.{fmt}").resolve()
+        path = out_dir / f"{slug}.{fmt}"
+        if fmt in ("json", "parquet", "pftrace"):
+            return save_trace(entry.run.trace, path).resolve()
+        return export(timeline(entry.run.trace, title=entry.label), path).resolve()

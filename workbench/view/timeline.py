@@ -13,7 +13,7 @@ each taking the colour of the class that keeps it busiest (hover gives the event
 share; ``raster_rows``). Every event stays in
 ``layout.meta.workbench.lod`` (typed arrays, sorted by start), so zooming refills the traces for
 the new window: ``LOD_JS`` of ``workbench.view.export`` in HTML, ``show_window`` in a widget.
-A million events build in about a second (``benchmarks/timeline_scale.py``). Hover data rides
+Timings of a 1.4 M-event run: ``data/bench/timeline_scale.md``. Hover data rides
 in ``customdata`` columns ``CUSTOMDATA`` (duration, stream, token, correlation id) and ``text``.
 
 Correlation: hovering or clicking an event fills the two highlight traces (the linked events
@@ -24,6 +24,7 @@ wires this with FigureWidget callbacks; ``workbench.view.export`` writes HTML wh
 
 from __future__ import annotations
 
+import sys
 from dataclasses import dataclass
 
 import numpy as np
@@ -394,7 +395,7 @@ def show_window(fig: go.Figure, lo: float, hi: float) -> str:
     if not detail:
         runs = raster_rows({cls: (c["x0"][sel[cls]], c["x1"][sel[cls]], c["y"][sel[cls]])
                             for cls, c in classes.items()}, lo, hi, lod["bins"])
-    with fig.batch_update() if isinstance(fig, go.FigureWidget) else _nullcontext():
+    with fig.batch_update() if _is_widget(fig) else _nullcontext():
         for cls, c in classes.items():
             idx = sel[cls]
             tr = fig.data[c["trace"]]
@@ -442,9 +443,16 @@ def highlight(fig: go.Figure, corr_id: int) -> None:
     """Fill the highlight traces with the events of ``corr_id`` (clear them with -1)."""
     hl, flow = fig.layout.meta["workbench"]["highlight"]
     bx, by, fx, fy = linked_segments(fig, corr_id) if corr_id >= 0 else ([], [], [], [])
-    with fig.batch_update() if isinstance(fig, go.FigureWidget) else _nullcontext():
+    with fig.batch_update() if _is_widget(fig) else _nullcontext():
         fig.data[hl].x, fig.data[hl].y = bx, by
         fig.data[flow].x, fig.data[flow].y = fx, fy
+
+
+def _is_widget(fig: go.Figure) -> bool:
+    """Whether ``fig`` is a FigureWidget, without touching ``go.FigureWidget``: that import pulls
+    in ipywidgets, nbformat and jsonschema, seconds a script drawing to HTML should not pay."""
+    mod = sys.modules.get("plotly.graph_objs._figurewidget")
+    return mod is not None and isinstance(fig, mod.FigureWidget)
 
 
 class _nullcontext:
