@@ -172,12 +172,32 @@ def token_trace(start_ns, dur_ns) -> Trace:
                  {"source": "host", "backend": "llamacpp"})
 
 
-def worker_env(switches: dict[str, str]) -> dict[str, str]:
-    """The worker's environment: ours without any llama.cpp switch, plus ``switches``."""
+def linked_libstdcxx(lib: Path) -> str | None:
+    """The ``libstdc++`` that ``lib`` resolves to (``ldd``), None when it cannot be told."""
+    try:
+        out = subprocess.run(["ldd", str(lib)], capture_output=True, text=True, timeout=10).stdout
+    except (OSError, subprocess.SubprocessError):
+        return None
+    for line in out.splitlines():
+        name, _, target = line.strip().partition(" => ")
+        if name.startswith("libstdc++.so") and target.startswith("/"):
+            return target.split(" (")[0]
+    return None
+
+
+def worker_env(switches: dict[str, str], folder: str | Path | None = None) -> dict[str, str]:
+    """The worker's environment: ours without any llama.cpp switch, plus ``switches``; and the
+    build's own ``libstdc++`` preloaded: the worker imports NumPy before it loads libllama, and a
+    libstdc++ pulled in by NumPy's extensions first made llama.cpp's tokenizer set-up crash
+    (seen on the H200 machine's Python; ``ldd`` named nothing there, so the soname is the fallback,
+    resolved by the loader as the build's own link was)."""
     from ..llamacpp.switches import SWITCH_VARS
 
     env = {k: v for k, v in os.environ.items() if k not in SWITCH_VARS}
     env.update(switches)
+    cxx = (linked_libstdcxx(Path(folder) / "libllama.so") if folder else None) or "libstdc++.so.6"
+    if "libstdc++" not in env.get("LD_PRELOAD", ""):
+        env["LD_PRELOAD"] = cxx + (os.pathsep + env["LD_PRELOAD"] if env.get("LD_PRELOAD") else "")
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = root + (os.pathsep + env["PYTHONPATH"] if env.get("PYTHONPATH") else "")
     return env
@@ -194,7 +214,8 @@ def run_worker(job: dict[str, Any], switches: dict[str, str], timeout_s: float):
         (out / "job.json").write_text(json.dumps(job))
         try:
             proc = subprocess.run([sys.executable, "-m", "workbench.llamacpp.worker", str(out / "job.json")],
-                                  env=worker_env(switches), capture_output=True, text=True, timeout=timeout_s)
+                                  env=worker_env(switches, job["lib"]), capture_output=True, text=True,
+                                  timeout=timeout_s)
         except subprocess.TimeoutExpired:
             raise BackendError(f"the llama.cpp worker ran past {timeout_s:.0f} s (timeout_s) on {job['model']}") \
                 from None

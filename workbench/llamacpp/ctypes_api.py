@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes as C
 import os
+import sys
 from pathlib import Path
 
 #: The shared libraries of a build, in load order (each needs the ones before it).
@@ -167,9 +168,11 @@ class LibLlama:
                                     "binds (include/llama.h of the peer tree)")
             fn.restype, fn.argtypes = res, args
         self.log: list[str] = []
+        self.echo = os.environ.get("WORKBENCH_LLAMACPP_LOG", "") not in ("", "0")
         self.n_logged = 0  # messages ever logged (``log`` keeps the last 400)
         self._log_cb = LogCallback(self._on_log)  # kept alive: libllama holds the pointer
-        self.lib.llama_log_set(self._log_cb, None)
+        if os.environ.get("WORKBENCH_LLAMACPP_NOLOG", "") in ("", "0"):
+            self.lib.llama_log_set(self._log_cb, None)
         self.lib.llama_backend_init()
 
     @property
@@ -178,6 +181,9 @@ class LibLlama:
 
     def _on_log(self, level: int, text: bytes, _user: int) -> None:
         msg = text.decode(errors="replace") if text else ""
+        if self.echo:  # WORKBENCH_LLAMACPP_LOG=1: llama.cpp's own log on stderr (a crash keeps its last words)
+            sys.stderr.write(msg)
+            sys.stderr.flush()
         if self.log and level == 5:  # GGML_LOG_LEVEL_CONT
             self.log[-1] += msg
         else:

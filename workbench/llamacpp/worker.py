@@ -86,8 +86,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         (out / "trace.json").write_text(json.dumps(trace.meta, default=str))
     if logits is not None:
         np.save(out / "logits.npy", logits)
-    lib.free(ctx, model)
-    return result
+    return result  # no llama_free: the process ends with os._exit, and CUDA teardown has nothing to add
 
 
 def finish_trace(cap, n_tokens: int):
@@ -112,6 +111,9 @@ def finish_trace(cap, n_tokens: int):
 
 
 def main(argv: list[str] | None = None) -> int:
+    import faulthandler
+
+    faulthandler.enable()  # a crash inside libllama prints the Python frame that called it
     argv = sys.argv[1:] if argv is None else argv
     job = json.loads(Path(argv[0]).read_text())
     out = Path(job["out"])
