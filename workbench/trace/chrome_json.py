@@ -31,7 +31,9 @@ from .table import TraceError
 
 CHUNK = 16 << 20            # bytes of JSON text scanned at a time
 ARROW_BLOCK = 4 << 20       # Arrow's parse block: several per chunk, parsed on all cores
+SMALL = 512                 # events in a block parsed in Python where Arrow refuses it (mixed types)
 _BLANK_NEWLINES = bytes.maketrans(b"\n\r", b"  ")   # raw newlines are only whitespace in valid JSON
+_SPECIAL = bytes(int(chr(i) in '"\\{}[]') for i in range(256))   # translate: the bytes _structure looks at -> 1
 _KEY = re.compile(rb'"((?:[^"\\]|\\.)*)"\s*:\s*$')
 
 #: the categories (lower case) whose ``X`` slices ``workbench.trace.chrome`` turns into rows
@@ -79,24 +81,21 @@ def int_id(v: Any, ids: dict[Any, int]) -> int:
         return ids.setdefault(v, -1000 - len(ids))
 
 
-def _structure(a: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Positions of the braces and brackets of ``a`` outside strings, with +1 for an opening one
-    and -1 for a closing one. ``a`` starts outside any string; a backslash escapes the next byte
-    (only an escaped quote matters: it does not end the string)."""
-    is_quote = a == 34
-    bs = np.flatnonzero(a == 92)
+def _structure(text: bytes) -> tuple[np.ndarray, np.ndarray]:
+    """Positions of the braces and brackets of ``text`` outside strings, with +1 for an opening
+    one and -1 for a closing one. ``text`` starts outside any string; a backslash escapes the next
+    byte (only an escaped quote matters: it does not end the string)."""
+    special = np.flatnonzero(np.frombuffer(text.translate(_SPECIAL), np.bool_))   # 0/1 bytes: a bool array
+    c = np.frombuffer(text, np.uint8)[special]
+    quotes = special[c == 34]
+    bs = special[c == 92]
     if bs.size:
         gap = np.flatnonzero(np.diff(bs) != 1)
         first, last = bs[np.r_[0, gap + 1]], bs[np.r_[gap, bs.size - 1]]
-        escaped = last[(last - first) % 2 == 0] + 1      # after a run of odd length
-        is_quote[escaped[escaped < a.size]] = False
-    quotes = np.flatnonzero(is_quote)
-    folded = a | 32                                       # [ -> {, ] -> }
-    opening, closing = np.flatnonzero(folded == 123), np.flatnonzero(folded == 125)
-    pos = np.concatenate([opening, closing])
-    delta = np.concatenate([np.ones(opening.size, np.int64), -np.ones(closing.size, np.int64)])
-    order = np.argsort(pos, kind="stable")
-    pos, delta = pos[order], delta[order]
+        quotes = quotes[~np.isin(quotes, last[(last - first) % 2 == 0] + 1)]   # after a run of odd length
+    folded = c | 32                                       # [ -> {, ] -> }
+    bracket = (folded == 123) | (folded == 125)
+    pos, delta = special[bracket], np.where(folded[bracket] == 123, 1, -1)
     outside = (np.searchsorted(quotes, pos) & 1) == 0
     return pos[outside], delta[outside]
 
@@ -115,7 +114,7 @@ def _gaps(a: np.ndarray, lo: np.ndarray, hi: np.ndarray, commas: np.ndarray) -> 
     idx = np.repeat(lo - starts, n) + np.arange(int(n.sum()))
     v = a[idx]
     is_comma = v == 44
-    if not (is_comma | (v == 32) | (v == 9)).all():
+    if not (is_comma | (v == 32) | (v == 10) | (v == 13) | (v == 9)).all():
         return None
     if not (np.add.reduceat(is_comma.astype(np.int64), starts) == commas).all():
         return None
@@ -144,7 +143,7 @@ class _Framer:
         text = b""
         while True:
             data = self._read(max(CHUNK, len(text)))
-            text = (text + data).translate(_BLANK_NEWLINES)
+            text = text + data
             a = np.frombuffer(text, np.uint8)
             start = text[:64].lstrip()[:1]
             if start == b"[":                  # a bare list of events
@@ -153,7 +152,7 @@ class _Framer:
                 return text[at + 1:]
             if start != b"{":
                 break
-            pos, delta = _structure(a)
+            pos, delta = _structure(text)
             depth = np.cumsum(delta)
             for p in pos[(depth == 2) & (delta > 0) & (a[pos] == 91)]:
                 m = _KEY.search(text[max(0, p - 256):p])
@@ -174,9 +173,9 @@ class _Framer:
         while True:
             data = b"" if eof else self._read(CHUNK)
             eof = eof or not data
-            text = (pending + data).translate(_BLANK_NEWLINES)
+            text = pending + data
             a = np.frombuffer(text, np.uint8)
-            pos, delta = _structure(a)
+            pos, delta = _structure(text)
             depth = level + np.cumsum(delta)
             out = np.flatnonzero(depth < level)
             end = int(pos[out[0]]) if out.size else -1          # the events array's closing ']'
@@ -199,9 +198,8 @@ class _Framer:
                     commas = None   # after the last event: only blanks up to ']', and no started element
                 if commas is None:
                     raise Malformed("traceEvents elements are not separated by single commas")
-                block = np.empty(closes[-1] + 2 - opens[0], np.uint8)
-                block[:-1] = a[opens[0]:closes[-1] + 1]
-                block[-1] = 10
+                lines = bytearray(memoryview(text)[opens[0]:closes[-1] + 1]).translate(_BLANK_NEWLINES)
+                block = np.frombuffer(lines, np.uint8)
                 block[commas[commas > opens[0]] - opens[0]] = 32
                 block[closes[:-1] + 1 - opens[0]] = 10          # each event on a line of its own
                 yield n, block
@@ -268,6 +266,8 @@ def _str(v: Any) -> str | None:
 
 
 def _parse(block: np.ndarray, first: int, ids: dict[Any, int]) -> pa.Table:
+    """``FLAT`` columns of one block (events one a line): by Arrow; a block it refuses is halved
+    until the few events with mixed-type fields are parsed by orjson."""
     try:
         t = pj.read_json(pa.BufferReader(pa.py_buffer(block)),
                          read_options=pj.ReadOptions(block_size=ARROW_BLOCK),
@@ -275,6 +275,11 @@ def _parse(block: np.ndarray, first: int, ids: dict[Any, int]) -> pa.Table:
         return _flatten(t, first)
     except pa.ArrowInvalid:
         pass
+    ends = np.flatnonzero(block == 10)
+    if ends.size >= SMALL:
+        half = (ends.size + 1) // 2
+        cut = int(ends[half - 1]) + 1
+        return pa.concat_tables([_parse(block[:cut], first, ids), _parse(block[cut:], first + half, ids)])
     text = block.tobytes()
     try:
         events = orjson.loads(b"[" + text.rstrip(b"\n").replace(b"\n", b",") + b"]")
