@@ -25,10 +25,8 @@ from typing import Any
 import numpy as np
 import orjson
 import pandas as pd
-import pyarrow as pa
-import pyarrow.compute as pc
 
-from .chrome_json import ChromeEvents, Malformed, int_id, read_events, read_events_file
+from .chrome_json import KEPT_CATS, NULL, ChromeEvents, Malformed, read_events, read_events_file
 from .cupti_names import SYNC_APIS, api_name
 from .table import API_ROW, MARKER_ROW, Trace, TraceError, stream_row
 from .tokens import tokens_from_markers
@@ -78,146 +76,138 @@ def _events_of(obj: dict[str, Any] | list[Any]) -> ChromeEvents:
         raise TraceError(f"traceEvents[{bad}] = {events[bad]!r} is not a JSON object (a trace event)") from None
 
 
-def _codes(col: pa.ChunkedArray | pa.Array) -> tuple[np.ndarray, list[str]]:
-    """A string column as small integer codes and the distinct values (null as "")."""
-    col = col.combine_chunks() if isinstance(col, pa.ChunkedArray) else col
-    d = pc.dictionary_encode(pc.fill_null(col, ""))
-    return d.indices.to_numpy(zero_copy_only=False), d.dictionary.to_pylist()
-
-
-def _where(codes: np.ndarray, values: list[str], pred: Any) -> np.ndarray:
-    return np.isin(codes, [i for i, v in enumerate(values) if pred(v)])
-
-
-def _ids(t: pa.Table, c: str, ids: dict[Any, int]) -> np.ndarray:
-    """An id column with absent values as the stable negative id of ``None``."""
-    a = t.column(c)
-    return pc.fill_null(a, int_id(None, ids) if a.null_count else 0).to_numpy()
-
-
 def _assemble(ev: ChromeEvents) -> Trace:
-    t, ids = ev.table, ev.ids
+    """The Trace of ``ev``'s columns, which it takes over (``ev.x`` and ``ev.flows`` are emptied,
+    so that they are let go as soon as the rows are built)."""
+    x, names_v = ev.x, ev.names
+    flow_cols, ev.x, ev.flows = ev.flows, {}, {}
     where = f"{ev.source}: " if ev.source else ""
-    ph_c, ph_v = _codes(t.column("ph"))
-    cat_c, cat_v = _codes(t.column("cat"))
-    name_c, name_v = _codes(t.column("name"))
-    is_x = _where(ph_c, ph_v, lambda v: v == "X")
-    is_m = _where(ph_c, ph_v, lambda v: v == "M")
-    cls = np.array([_CLASS.get(v, 0) for v in cat_v] or [0], np.int8)[cat_c] * is_x
-    pid, tid = _ids(t, "pid", ids), _ids(t, "tid", ids)
-    ts = pc.fill_null(t.column("ts"), np.nan).to_numpy()
-    start_all = np.zeros(len(ts), np.int64)
-    finite = np.isfinite(ts)
-    start_all[finite] = np.rint(ts[finite] * 1e3).astype(np.int64)
-    dur = pc.fill_null(t.column("dur"), 0.0).to_numpy()
-    end_all = start_all + np.rint(dur * 1e3).astype(np.int64)
-    corr_all = pc.fill_null(t.column("corr"), -1).to_numpy()
-    arg_stream = t.column("stream")
-    arg_device = t.column("device")
-
-    # named processes and threads (the last name given wins)
     processes: dict[int, str] = {}
     threads: dict[int, str] = {}
-    aname = t.column("aname")
-    for key, ids_col, out in (("process_name", pid, processes), ("thread_name", tid, threads)):
-        sel = np.flatnonzero(is_m & (name_c == (name_v.index(key) if key in name_v else -1)))
-        for i, v in zip(sel, aname.take(pa.array(sel)).to_pylist()):
-            if v is not None:
-                out[int(ids_col[i])] = v
+    for what, pid_, tid_, value in ev.names_of:        # the last name given wins
+        if what == "process_name":
+            processes[pid_] = value
+        else:
+            threads[tid_] = value
 
-    # the rows, in event order
-    sel = np.flatnonzero(np.isin(cls, (_HOST, _DEVICE, _MARKER)))
-    c = cls[sel]
-    host, dev, mark = c == _HOST, c == _DEVICE, c == _MARKER
-    if not (host | dev).any():
+    cls = np.array([_CLASS[c] for c in KEPT_CATS], np.int8)[x["cat"]]
+    if not np.isin(cls, (_HOST, _DEVICE)).any():
         raise TraceError(f"{where}no CUDA activity in this Chrome trace: expected {_EXPECTED}; found categories "
                          f"{sorted(ev.x_cats)}. Profile with torch.profiler activities=[ProfilerActivity.CPU, "
                          "ProfilerActivity.CUDA]")
-    n = len(sel)
-    start, end = start_all[sel], end_all[sel]
-    corr = np.where(mark, -1, corr_all[sel])
-    stream = np.full(n, -1, np.int64)
-    stream[dev] = np.where(arg_stream.is_null().to_numpy(zero_copy_only=False),
-                           tid, pc.fill_null(arg_stream, 0).to_numpy())[sel][dev]
-    device = np.full(n, -1, np.int64)
-    device[dev] = np.where(arg_device.is_null().to_numpy(zero_copy_only=False),
-                           pid, pc.fill_null(arg_device, 0).to_numpy())[sel][dev]
-    nbytes = np.where(dev, pc.fill_null(t.column("bytes"), 0).to_numpy()[sel], 0)
-    names = np.array(name_v, dtype=object)
-    apis = np.array([api_name(v) for v in name_v], dtype=object)
-    is_sync_api = np.array([a in SYNC_APIS for a in apis] or [False])
-    nc = name_c[sel]
-    name = np.where(host, apis[nc], names[nc])
-    dev_kind = np.array([DEVICE_CATS.get(v, "") for v in cat_v], dtype=object)[cat_c[sel]]
-    kind = np.where(host, np.where(is_sync_api[nc], "sync", "api"), np.where(dev, dev_kind, "marker")).astype(object)
-    copies = np.array([_copy_kind(v) for v in name_v], dtype=object)
-    copy_kind = np.where(kind == "memcpy", copies[nc], "").astype(object)
-    streams, inverse = np.unique(stream, return_inverse=True)
-    row = np.where(host, API_ROW, np.where(mark, MARKER_ROW, np.array([stream_row(s) for s in streams],
-                                                                      dtype=object)[inverse])).astype(object)
-    tpid, ttid = pid[sel], tid[sel]                 # the track of a row: its event's pid and tid
+    # the cuda_sync records (the last one of each correlation id), before the columns are let go
+    sy = np.flatnonzero(cls == _SYNC)
+    corr_x = x.pop("corr")
+    corr_x[corr_x == NULL] = -1
+    stream_x = x.pop("stream")
+    last = pd.Series(sy, index=corr_x[sy]).groupby(level=0, sort=False).last()
+    sync_at = last.to_numpy()
+    sync = {"corr": last.index.to_numpy(np.int64), "stream": np.where(stream_x[sync_at] == NULL, -1, stream_x[sync_at]),
+            "start": x["start"][sync_at], "end": x["end"][sync_at], "name": x["name"][sync_at]}
+    del last, sync_at, sy
+
+    # the rows, in file order; each column of ``x`` is let go once taken
+    sel = np.flatnonzero(cls != _SYNC)
+    c = cls[sel]
+    del cls
+    host, dev, mark = c == _HOST, c == _DEVICE, c == _MARKER
+    corr = np.where(mark, -1, corr_x[sel])
+    raw = stream_x[sel]
+    del corr_x, stream_x
+    tpid, ttid = x.pop("pid")[sel], x.pop("tid")[sel]      # the track of a row: its event's pid and tid
+    start, end = x.pop("start")[sel], x.pop("end")[sel]
+    stream = np.where(dev, np.where(raw == NULL, ttid, raw), -1)
+    raw = x.pop("device")[sel]
+    device = np.where(dev, np.where(raw == NULL, tpid, raw), -1)
+    raw = x.pop("bytes")[sel]
+    nbytes = np.where(dev & (raw != NULL), raw, 0)
+    del raw
     on_host = host | mark
     row_pid, row_tid = np.where(on_host, tpid, -1), np.where(on_host, ttid, -1)
+    # strings as categorical codes until the Trace is built: a few distinct values each
+    nc = x.pop("name")[sel]
+    apis = [api_name(v) for v in names_v]
+    name_v = list(dict.fromkeys(names_v + apis))
+    at = {v: i for i, v in enumerate(name_v)}
+    as_api = np.array([at[v] for v in apis] or [0], np.int32)
+    name = np.where(host, as_api[nc], nc).astype(np.int32)
+    kind_v = ["api", "sync", "kernel", "memcpy", "memset", "marker"]
+    sync_api = np.array([a in SYNC_APIS for a in apis] or [False])
+    dev_kind = np.array([kind_v.index(DEVICE_CATS.get(k, "kernel")) for k in KEPT_CATS], np.int8)[x.pop("cat")[sel]]
+    kind = np.where(host, sync_api[nc].astype(np.int8), np.where(dev, dev_kind, 5)).astype(np.int8)
+    copy_v = ["", "H2D", "D2H", "D2D", "H2H", "P2P"]
+    copies = np.array([copy_v.index(_copy_kind(v)) for v in names_v] or [0], np.int8)
+    copy_kind = np.where(kind == 3, copies[nc], 0).astype(np.int8)
+    streams, inverse = np.unique(np.where(dev, stream, -1), return_inverse=True)
+    row_v = [API_ROW, MARKER_ROW] + [stream_row(s) for s in streams]
+    row = np.where(host, 0, np.where(mark, 1, 2 + inverse)).astype(np.int32)
+    del c, inverse, nc, dev_kind, sel, x
 
     # a cuda_sync record gives its API call the stream it waited on; one without a call is a sync row
-    sy = np.flatnonzero(cls == _SYNC)
-    add = np.zeros(0, np.int64)
-    if sy.size:
-        last = pd.Series(sy, index=corr_all[sy]).groupby(level=0, sort=False).last()
-        sync_stream = pc.fill_null(arg_stream, -1).to_numpy()
+    if sync["corr"].size:
         api_at = np.flatnonzero(host & (corr >= 0))
         by_corr = pd.Series(api_at, index=corr[api_at]).groupby(level=0).last()
-        hit = last.index.isin(by_corr.index)
-        at = by_corr.loc[last.index[hit]].to_numpy()
-        stream[at] = sync_stream[last.to_numpy()[hit]]
-        kind[at] = "sync"
-        add = last.to_numpy()[~hit]
-    k = len(add)
-    if k:
-        start, end = np.r_[start, start_all[add]], np.r_[end, end_all[add]]
-        corr, stream = np.r_[corr, corr_all[add]], np.r_[stream, pc.fill_null(arg_stream, -1).to_numpy()[add]]
-        device, nbytes = np.r_[device, np.full(k, -1)], np.r_[nbytes, np.zeros(k, np.int64)]
-        name, kind = np.r_[name, names[name_c[add]]], np.r_[kind, np.full(k, "sync", object)]
-        copy_kind, row = np.r_[copy_kind, np.full(k, "", object)], np.r_[row, np.full(k, API_ROW, object)]
-        row_pid, row_tid = np.r_[row_pid, np.full(k, -1)], np.r_[row_tid, np.full(k, -1)]
-        tpid, ttid = np.r_[tpid, np.full(k, -1)], np.r_[ttid, np.full(k, -1)]
-        host, dev = np.r_[host, np.ones(k, bool)], np.r_[dev, np.zeros(k, bool)]
-
-    flows, linked = _link_flows(t, is_x | is_m, ph_c, ph_v, ts, pid, tid, ids,
-                                start, end, corr, host, dev, tpid, ttid)
-    df = pd.DataFrame({"row": row, "kind": kind, "name": name, "start_ns": start, "end_ns": end, "stream": stream,
-                       "corr_id": corr, "bytes": nbytes, "copy_kind": copy_kind, "tid": row_tid, "pid": row_pid,
-                       "device": device})
-    del row, kind, name, start, end, stream, corr, nbytes, copy_kind, row_tid, row_pid, device, t
-    df = tokens_from_markers(Trace(df).events)
+        hit = np.isin(sync["corr"], by_corr.index)
+        to = by_corr.loc[sync["corr"][hit]].to_numpy()
+        stream[to] = sync["stream"][hit]
+        kind[to] = 1
+        add = {k: v[~hit] for k, v in sync.items()}
+        k = len(add["corr"])
+        if k:
+            none, minus = np.zeros(k, np.int64), np.full(k, -1, np.int64)
+            raw_name = np.array([at[v] for v in names_v], np.int32)[add["name"]]
+            start, end = np.r_[start, add["start"]], np.r_[end, add["end"]]
+            corr, stream = np.r_[corr, add["corr"]], np.r_[stream, add["stream"]]
+            device, nbytes = np.r_[device, minus], np.r_[nbytes, none]
+            name, kind = np.r_[name, raw_name], np.r_[kind, np.ones(k, np.int8)]
+            copy_kind, row = np.r_[copy_kind, np.zeros(k, np.int8)], np.r_[row, np.zeros(k, np.int32)]
+            row_pid, row_tid, tpid, ttid = (np.r_[a, minus] for a in (row_pid, row_tid, tpid, ttid))
+            host, dev = np.r_[host, np.ones(k, bool)], np.r_[dev, np.zeros(k, bool)]
+    flows, linked = _link_flows(flow_cols, start, end, corr, host, dev, tpid, ttid)
+    del flow_cols, tpid, ttid, host, dev, mark
+    # columns put in the Trace's order (start, then end, then file order) one at a time, so that
+    # normalising copies nothing and at most one column exists twice
+    order = np.lexsort((end, start))
+    cols: dict[str, Any] = {"row": row, "kind": kind, "name": name, "start_ns": start, "end_ns": end,
+                            "stream": stream, "corr_id": corr, "bytes": nbytes, "copy_kind": copy_kind,
+                            "tid": row_tid, "pid": row_pid, "device": device}
+    del row, kind, name, start, end, stream, corr, nbytes, copy_kind, row_tid, row_pid, device
+    strings = {"row": row_v, "kind": kind_v, "name": name_v, "copy_kind": copy_v}
+    for k in list(cols):
+        v = cols.pop(k)[order]
+        cols[k] = pd.Categorical.from_codes(v, strings[k]) if k in strings else v
+    del order
+    cols["token"] = np.full(len(cols["start_ns"]), -1, np.int64)
+    # tokens from the ProfilerStep markers, on the columns that rule needs (it copies what it gets)
+    need = ["row", "kind", "name", "start_ns", "end_ns", "pid", "tid", "corr_id", "token"]
+    cols["token"] = tokens_from_markers(pd.DataFrame({k: cols[k] for k in need}, copy=False))["token"].to_numpy()
+    df = pd.DataFrame(cols, copy=False)
+    del cols
     meta = dict(source="chrome", processes=processes, threads=threads, flows=flows, flows_linked=linked,
                 skipped=dict(ev.skipped))
     return Trace(df, meta)
 
 
-def _link_flows(t: pa.Table, not_flow: np.ndarray, ph_c: np.ndarray, ph_v: list[str], ts: np.ndarray,
-                pid: np.ndarray, tid: np.ndarray, ids: dict[Any, int], start: np.ndarray, end: np.ndarray,
-                corr: np.ndarray, host: np.ndarray, dev: np.ndarray, tpid: np.ndarray,
-                ttid: np.ndarray) -> tuple[int, int]:
+def _link_flows(f: dict[str, np.ndarray], start: np.ndarray, end: np.ndarray, corr: np.ndarray, host: np.ndarray,
+                dev: np.ndarray, tpid: np.ndarray, ttid: np.ndarray) -> tuple[int, int]:
     """Give the slices at both ends of every ``ac2g`` flow its id as correlation id where they lack
     one (``corr`` is updated); return the number of flows and how many join an API call to device work.
 
     An end is the latest-starting row of its track (the event's pid and tid; API calls for the
     start, device work for the end) that encloses the flow event's ts; where two flows find the
     same row, the first in the file takes it."""
-    fl = np.flatnonzero(~not_flow)
-    if not fl.size:
+    fid, is_s = f["id"], f["s"]
+    if not fid.size:
         return 0, 0
-    fid = _ids(t, "id", ids)[fl]
-    is_s = _where(ph_c, ph_v, lambda v: v == "s")[fl]
     order = pd.unique(fid)                          # flows in order of first appearance
     ok_all = np.ones(len(order), bool)
-    for side, rows, want in ((True, host, host), (False, dev, dev)):
-        ends = pd.Series(fl[is_s == side], index=fid[is_s == side]).groupby(level=0).last()
-        have = np.isin(order, corr[want & (corr >= 0)])
+    for side, rows in ((True, host), (False, dev)):
+        at = np.flatnonzero(is_s == side)
+        ends = pd.Series(at, index=fid[at]).groupby(level=0).last()
+        have = np.isin(order, corr[rows & (corr >= 0)])
         need = np.flatnonzero(~have & pd.Index(order).isin(ends.index))
-        ev = ends.loc[order[need]].to_numpy()
-        target = _enclosing(np.flatnonzero(rows), start, end, tpid, ttid, pid[ev], tid[ev], ts[ev])
+        e = ends.loc[order[need]].to_numpy()
+        target = _enclosing(np.flatnonzero(rows), start, end, tpid, ttid, f["pid"][e], f["tid"][e], f["ts"][e])
         free = target >= 0
         free[free] = corr[target[free]] < 0
         need, target = need[free], target[free]

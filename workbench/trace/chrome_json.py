@@ -29,8 +29,7 @@ import pyarrow.json as pj
 
 from .table import TraceError
 
-CHUNK = 16 << 20            # bytes of JSON text scanned at a time
-ARROW_BLOCK = 4 << 20       # Arrow's parse block: several per chunk, parsed on all cores
+CHUNK = 4 << 20             # bytes of JSON text scanned and parsed at a time: the transient memory
 SMALL = 512                 # events in a block parsed in Python where Arrow refuses it (mixed types)
 _BLANK_NEWLINES = bytes.maketrans(b"\n\r", b"  ")   # raw newlines are only whitespace in valid JSON
 _SPECIAL = bytes(int(chr(i) in '"\\{}[]') for i in range(256))   # translate: the bytes _structure looks at -> 1
@@ -58,13 +57,27 @@ class Malformed(Exception):
     """The text is not the JSON it should be; the caller re-reads it with orjson to say where."""
 
 
+#: null in an integer column of ``ChromeEvents.x``
+NULL = np.iinfo(np.int64).min
+_X_COLS = ("cat", "name", "pid", "tid", "start", "end", "corr", "stream", "device", "bytes")
+_FLOW_COLS = ("id", "s", "pid", "tid", "ts")
+
+
 @dataclass
 class ChromeEvents:
-    """A Chrome trace's events, read column-wise: the rows ``workbench.trace.chrome`` needs plus
-    counts of the rest. ``root``: the top-level object without its events (None for a bare list)."""
+    """A Chrome trace's events, read column-wise: NumPy columns of what ``workbench.trace.chrome``
+    uses, counts of the rest. ``root``: the top-level object without its events (None for a bare list).
 
-    root: dict[str, Any] | None
-    table: pa.Table
+    ``x``: the X slices of ``KEPT_CATS`` in file order (``cat``: index in ``KEPT_CATS``, ``name``:
+    index in ``names``, times in ns, ``NULL`` where an arg is absent); ``flows``: the ``ac2g`` flow
+    events (``s``: a start; ``ts`` in us, NaN if absent); ``names_of``: (``process_name`` or
+    ``thread_name``, pid, tid, name) of the metadata events, in file order."""
+
+    root: dict[str, Any] | None = None
+    x: dict[str, np.ndarray] = field(default_factory=dict)
+    flows: dict[str, np.ndarray] = field(default_factory=dict)
+    names: list[str] = field(default_factory=list)
+    names_of: list[tuple[str, int, int, str]] = field(default_factory=list)
     events: int = 0
     skipped: Counter[str] = field(default_factory=Counter)   # X slices of other categories, by lower-case cat
     x_cats: set[str] = field(default_factory=set)            # every X slice's category as written
@@ -270,7 +283,8 @@ def _parse(block: np.ndarray, first: int, ids: dict[Any, int]) -> pa.Table:
     until the few events with mixed-type fields are parsed by orjson."""
     try:
         t = pj.read_json(pa.BufferReader(pa.py_buffer(block)),
-                         read_options=pj.ReadOptions(block_size=ARROW_BLOCK),
+                         # one thread: the chunks are small, and threads were slower on a busy 2-core machine
+                         read_options=pj.ReadOptions(block_size=CHUNK + (1 << 20), use_threads=False),
                          parse_options=pj.ParseOptions(explicit_schema=SCHEMA, unexpected_field_behavior="ignore"))
         return _flatten(t, first)
     except pa.ArrowInvalid:
@@ -288,14 +302,20 @@ def _parse(block: np.ndarray, first: int, ids: dict[Any, int]) -> pa.Table:
     return _from_objects(events, first, ids)
 
 
-def _keep(t: pa.Table, out: ChromeEvents) -> pa.Table:
-    """The rows ``workbench.trace.chrome`` uses (named metadata, ac2g flows, X slices of the kept
-    categories); X slices are checked for numeric ts/dur and the others counted."""
+def _ints(t: pa.Table, c: str, fill: int) -> np.ndarray:
+    a = t.column(c)
+    return (pc.fill_null(a, fill) if a.null_count else a).to_numpy()
+
+
+def _keep(t: pa.Table, out: ChromeEvents, parts: dict[str, list[np.ndarray]], codes: dict[str, int]) -> None:
+    """Add to ``parts`` the columns of the events ``workbench.trace.chrome`` uses (named metadata,
+    ac2g flows, X slices of the kept categories); X slices are checked for numeric ts/dur and the
+    others counted."""
     ph = t.column("ph")
     is_x = pc.fill_null(pc.equal(ph, "X"), False)
     raw = t.column("cat")
     cat = pc.utf8_lower(pc.fill_null(raw, ""))
-    t = t.set_column(t.schema.get_field_index("cat"), "cat", cat)
+    name = t.column("name")
     if pc.any(is_x).as_py():
         out.x_cats.update("None" if c is None else c for c in pc.unique(raw.filter(is_x)).to_pylist())
         x = t.filter(is_x)
@@ -305,35 +325,68 @@ def _keep(t: pa.Table, out: ChromeEvents) -> pa.Table:
             what = "'dur'" if row["ts"] is not None else "'ts'"
             raise TraceError(f"{out.source or 'trace'}: traceEvents[{row['idx']}], X slice {row['name']!r}, has no "
                              f"numeric {what}: an X slice needs numeric 'ts' and 'dur' (microseconds)")
-        other = pc.invert(pc.is_in(x.column("cat"), pa.array(KEPT_CATS)))
-        counts = pc.value_counts(x.column("cat").filter(other))
+        xcat = cat.filter(is_x)
+        other = pc.invert(pc.is_in(xcat, pa.array(KEPT_CATS)))
+        counts = pc.value_counts(xcat.filter(other))
         out.skipped.update({(c.as_py() or "(none)"): n.as_py()
                             for c, n in zip(counts.field("values"), counts.field("counts"))})
-    name = t.column("name")
-    keep = pc.or_(pc.and_(is_x, pc.is_in(cat, pa.array(KEPT_CATS))),
-                  pc.and_(pc.equal(ph, "M"), pc.is_in(name, pa.array(["process_name", "thread_name"]))))
+    null_id = int_id(None, out.ids) if any(t.column(c).null_count for c in ("pid", "tid", "id")) else 0
+    kept = pc.and_(is_x, pc.is_in(cat, pa.array(KEPT_CATS)))
+    if pc.any(kept).as_py():
+        x = t.filter(kept)
+        d = pc.dictionary_encode(pc.fill_null(x.column("name").combine_chunks(), ""))
+        lut = np.array([codes.setdefault(v, len(codes)) for v in d.dictionary.to_pylist()], np.int32)
+        ts = x.column("ts").to_numpy()
+        start = np.rint(ts * 1e3).astype(np.int64)
+        del ts
+        cols = {"cat": pc.index_in(cat.filter(kept), pa.array(KEPT_CATS)).to_numpy().astype(np.int8),
+                "name": lut[d.indices.to_numpy()], "pid": _ints(x, "pid", null_id), "tid": _ints(x, "tid", null_id),
+                "start": start, "end": start + np.rint(x.column("dur").to_numpy() * 1e3).astype(np.int64)}
+        for c in ("corr", "stream", "device", "bytes"):
+            cols[c] = _ints(x, c, NULL)
+        for c, v in cols.items():
+            parts["x." + c].append(v)
     flow = pc.and_(pc.is_in(ph, pa.array(["s", "f", "t"])), pc.or_(pc.equal(cat, "ac2g"), pc.equal(name, "ac2g")))
-    return t.filter(pc.fill_null(pc.or_(keep, flow), False))
+    flow = pc.fill_null(flow, False)
+    if pc.any(flow).as_py():
+        f = t.filter(flow)
+        for c, v in {"id": _ints(f, "id", null_id), "s": pc.equal(f.column("ph"), "s").to_numpy(zero_copy_only=False),
+                     "pid": _ints(f, "pid", null_id), "tid": _ints(f, "tid", null_id),
+                     "ts": pc.fill_null(f.column("ts"), np.nan).to_numpy()}.items():
+            parts["f." + c].append(v)
+    meta = pc.fill_null(pc.and_(pc.equal(ph, "M"), pc.is_in(name, pa.array(["process_name", "thread_name"]))), False)
+    if pc.any(meta).as_py():
+        m = t.filter(meta)
+        out.names_of += [(r["name"], int_id(r["pid"], out.ids) if r["pid"] is not None else null_id,
+                          int_id(r["tid"], out.ids) if r["tid"] is not None else null_id, r["aname"])
+                         for r in m.select(["name", "pid", "tid", "aname"]).to_pylist() if r["aname"] is not None]
 
 
 def read_events(stream: IO[bytes], source: str = "") -> ChromeEvents:
     """The events of the Chrome trace JSON in ``stream``; ``Malformed`` when it is not valid JSON
     or an element of traceEvents is not an object; TraceError for an X slice without numeric ts/dur."""
     framer = _Framer(stream)
-    out = ChromeEvents(root=None, table=FLAT.empty_table(), source=source)
-    kept = []
+    out = ChromeEvents(source=source)
+    parts: dict[str, list[np.ndarray]] = {**{"x." + c: [] for c in _X_COLS}, **{"f." + c: [] for c in _FLOW_COLS}}
+    codes: dict[str, int] = {}
     for n, block in framer.blocks():
         t = _parse(block, out.events, out.ids)
         out.events += n
-        kept.append(_keep(t, out))
+        _keep(t, out, parts, codes)
+        del t
     root = framer.root()
     if not framer.found:
         events = root.get("traceEvents") if isinstance(root, dict) else root
         raise TraceError(f"{source + ': ' if source else ''}not a Chrome trace: expected a JSON object with a "
                          f"'traceEvents' list (or a list of trace events); got {type(events).__name__}")
     out.root = root if isinstance(root, dict) else None
-    if kept:
-        out.table = pa.concat_tables(kept).combine_chunks()
+    empty = {"cat": np.int8, "name": np.int32, "s": bool, "ts": np.float64}
+    for key, arrays in parts.items():
+        kind, c = key.split(".")
+        col = np.concatenate(arrays) if arrays else np.zeros(0, empty.get(c, np.int64))
+        arrays.clear()
+        (out.x if kind == "x" else out.flows)[c] = col
+    out.names = list(codes)
     return out
 
 
