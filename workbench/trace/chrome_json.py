@@ -1,11 +1,12 @@
-"""The ``traceEvents`` of a Chrome trace JSON file as Arrow columns, without a Python object per event.
+"""The ``traceEvents`` of a Chrome trace JSON file as NumPy columns, without a Python object per event.
 
 A PyTorch-profiler trace of a million events is a few hundred MB of JSON; parsed into Python
 dicts it takes many times that and tens of seconds. Here the text is streamed (gunzipped when
 it starts with the gzip magic) in chunks; NumPy finds where each element of the ``traceEvents``
 array begins and ends (braces and brackets outside strings, quotes with their backslash escapes),
 the chunk is re-framed as newline-delimited JSON (one event a line) and Arrow's JSON reader parses
-it into typed columns, keeping only the fields and the events ``workbench.trace.chrome`` uses.
+it into typed columns; of those only the fields and the events ``workbench.trace.chrome`` uses are
+kept, as compact NumPy arrays (names as codes), so memory stays of the order of the Trace table.
 
 Real Kineto traces mix types in a field (``pid: "Spans"`` beside numeric pids); a block Arrow
 refuses is parsed with orjson and converted in Python, so only such blocks pay the per-event
@@ -44,8 +45,8 @@ _ARGS = pa.struct([("correlation", pa.int64()), ("stream", pa.int64()), ("device
 SCHEMA = pa.schema([("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()), ("pid", pa.int64()),
                     ("tid", pa.int64()), ("ts", pa.float64()), ("dur", pa.float64()), ("id", pa.int64()),
                     ("args", _ARGS)])
-#: the kept events, one row each: ``idx`` is the event's index in traceEvents; ``pid``/``tid``/``id``
-#: are null where absent (strings are already mapped to negative ids, see ``ChromeEvents.ids``)
+#: one block's events as flat columns: ``idx`` is the event's index in traceEvents; ``pid``/``tid``/``id``
+#: are null where absent (or, from the Python fallback, strings already mapped to negative ids)
 FLAT = pa.schema([("idx", pa.int64()), ("ph", pa.string()), ("cat", pa.string()), ("name", pa.string()),
                   ("pid", pa.int64()), ("tid", pa.int64()), ("ts", pa.float64()), ("dur", pa.float64()),
                   ("id", pa.int64()), ("corr", pa.int64()), ("stream", pa.int64()), ("device", pa.int64()),
