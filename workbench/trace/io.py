@@ -68,10 +68,11 @@ def _detect(path: Path) -> tuple[str, object]:
         other = None
     if other is not None:
         return "perfetto-lines", other
-    obj = _json(path, head)
+    from .chrome_json import read_events_file  # column-wise: no Python object per event
     from .perfetto import is_workbench_json
 
-    return ("perfetto" if is_workbench_json(obj) else "chrome"), obj
+    obj = read_events_file(path)
+    return ("perfetto" if is_workbench_json(obj.root) else "chrome"), obj
 
 
 def _json(path: Path, head: bytes) -> object:
@@ -122,7 +123,7 @@ def load_trace(path: str | Path) -> Trace:
     elif kind == "perfetto":
         from .perfetto import from_perfetto
 
-        trace = from_perfetto(obj)
+        trace = from_perfetto(_json(path, b""))   # a workbench export not one event a line: small
     else:
         from .chrome import read_chrome_trace
 
