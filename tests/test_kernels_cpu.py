@@ -23,11 +23,11 @@ from workbench.exec.reference_ops import NUMPY_OPS, attend
 from workbench.models import build_graph, preset
 from workbench.models.blocks import step_input_values
 from workbench.models.weights import random_weights
-from workbench.strategy import Strategy
+from workbench.strategy import FUSIONS, Strategy
 from workbench.strategy.compile import compile_plan
 
 TINY = ("llama-tiny", "qwen3-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "qwen3-next-tiny")
-ALL_ON = Strategy(fusion=frozenset({"copy-elim", "rms-norm-mul"}), allocator="stream-aware", streams="qkv")
+ALL_ON = Strategy(fusion=frozenset(FUSIONS), allocator="stream-aware", streams="qkv")
 
 
 class HostSpace:

@@ -1,0 +1,215 @@
+"""llama.cpp's fusion set as Strategy fusions (strategy/fusion_chains.py): each fusion alone, on
+every tiny preset where it applies, rewrites the expected number of nodes, keeps the reference
+logits, binds to its kernels and is race-free; a seeded broken schedule of each is flagged.
+
+Logit tolerance: exact equality. Each fused op's NumPy twin does the float32 operations of the
+nodes it replaces in the same order (the mat-vec, then the add; silu(gate) * up; the rotation,
+then the row store; a left-to-right sum), so a fused Plan must reproduce the unfused logits bit
+for bit; any difference is a wrong operand, order or index.
+"""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+from workbench.exec import cuda_ops
+from workbench.exec.calibration import load_calibration
+from workbench.exec.cost import FUSED_BASE, KERNEL_NAMES, kernel_cost
+from workbench.exec.reference import run_reference
+from workbench.graph.ops import OPS
+from workbench.models import TINY_PRESETS, build_graph, preset
+from workbench.models.weights import random_weights
+from workbench.strategy import FUSIONS, Strategy
+from workbench.strategy.compile import compile_plan
+from workbench.strategy.fusion import PASSES, apply_fusions
+from workbench.strategy.fusion_chains import FUSED_OPS, MAX_ADD_OPERANDS
+from workbench.verify import verify
+from workbench.verify.seeded import SEEDED_BUGS
+from workbench.verify.seeded_fusions import FUSION_GRAPHS, fused_plan
+from workbench.verify.sweep import fusion_sets
+
+NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain")
+FUSED_OP = {v: k for k, v in FUSED_OPS.items()}
+
+#: preset -> fusion -> nodes removed. Two layers each (qwen3-next-tiny: 3 gated-delta-net layers
+#: and 1 attention layer, every FFN an MoE with a shared expert).
+#: mul-mat-glu: gate and up of each dense SwiGLU FFN (MoE experts are MUL_MAT_ID: not matched);
+#: mul-mat-add: attn_out and ffn_out into their residual ADDs, plus every projection bias (gpt-oss:
+#: q, k, v, o and the router per layer; its o bias then feeds the residual, which add-chain takes);
+#: rope-set-rows: K's ROPE of every attention layer (Q's goes to the attention, V has none);
+#: add-chain: gpt-oss's (attn_out + bias) + residual, qwen3-next's routed + shared expert + residual.
+EXPECTED = {
+    "llama-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0},
+    "qwen3-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0},
+    "qwen3-moe-tiny": {"mul-mat-glu": 0, "mul-mat-add": 2, "rope-set-rows": 2, "add-chain": 0},
+    "gpt-oss-tiny": {"mul-mat-glu": 0, "mul-mat-add": 10, "rope-set-rows": 2, "add-chain": 2},
+    "qwen3-next-tiny": {"mul-mat-glu": 8, "mul-mat-add": 4, "rope-set-rows": 1, "add-chain": 4},
+}
+#: nodes one fused node replaces (removed per fused node)
+REMOVED_PER_FUSED = {"mul-mat-glu": 2, "mul-mat-add": 1, "rope-set-rows": 1}
+
+CASES = [(m, f) for m in TINY_PRESETS for f in NEW if EXPECTED[m][f]]
+
+
+def test_every_fusion_is_a_knob_with_a_pass_and_a_fused_op():
+    assert set(NEW) <= set(FUSIONS) and set(FUSIONS) == set(PASSES)
+    for fusion in NEW:
+        op = FUSED_OP[fusion]
+        assert op in OPS and op in KERNEL_NAMES and op in FUSED_BASE and op in cuda_ops.SUPPORTED_OPS
+    assert set(EXPECTED) == set(TINY_PRESETS)
+
+
+@pytest.mark.parametrize("model", TINY_PRESETS)
+@pytest.mark.parametrize("fusion", NEW)
+def test_rewrite_count(model, fusion):
+    g = build_graph(preset(model))
+    fused, removed = apply_fusions(g, {fusion})
+    assert len(removed) == EXPECTED[model][fusion]
+    assert len(fused.nodes) == len(g.nodes) - len(removed)
+    new = [n for n in fused.nodes if n.op == FUSED_OP[fusion]]
+    if fusion == "add-chain":  # each chain: operands - 1 ADDs, one of them kept
+        assert sum(len(n.srcs) - 2 for n in new) == len(removed)
+        assert all(3 <= len(n.srcs) <= MAX_ADD_OPERANDS for n in new)
+    else:
+        assert len(new) * REMOVED_PER_FUSED[fusion] == len(removed)
+    kept = {n.name for n in g.nodes} - set(removed)
+    assert {n.name for n in fused.nodes} == kept  # names survive, fused nodes take the last node's
+    again, more = apply_fusions(fused, {fusion})
+    assert more == [] and len(again.nodes) == len(fused.nodes)  # a fixed point
+
+
+def test_full_set_combines_the_fusions():
+    """With every fusion on, the passes share nodes without conflict: each node is removed once
+    and every fused op is still one of the declared ones."""
+    for model in TINY_PRESETS:
+        g = build_graph(preset(model))
+        fused, removed = apply_fusions(g, FUSIONS)
+        assert len(removed) == len(set(removed)) and len(fused.nodes) == len(g.nodes) - len(removed)
+        assert all(n.op in OPS for n in fused.nodes)
+
+
+@pytest.mark.parametrize("model,fusion", CASES)
+def test_fusion_alone_keeps_the_reference_logits(model, fusion):
+    cfg = preset(model, context=16)
+    weights = random_weights(build_graph(cfg), 0)
+    tokens = [3, 17, 250, 9]
+    base = run_reference(cfg, weights, tokens).logits
+    s = Strategy(fusion=frozenset({fusion}))
+    got = run_reference(cfg, weights, tokens,
+                        graph_for=lambda pos: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
+    np.testing.assert_array_equal(got, base)
+
+
+def test_full_set_keeps_the_reference_logits():
+    for model in TINY_PRESETS:
+        cfg = preset(model, context=16)
+        weights = random_weights(build_graph(cfg), 0)
+        base = run_reference(cfg, weights, [5, 8, 13]).logits
+        s = Strategy(fusion=frozenset(FUSIONS))
+        got = run_reference(cfg, weights, [5, 8, 13],
+                            graph_for=lambda pos, s=s, cfg=cfg: compile_plan(build_graph(cfg, pos=pos), s).graph)
+        np.testing.assert_array_equal(got.logits, base, err_msg=model)
+
+
+@pytest.mark.parametrize("model,fusion", CASES)
+def test_fused_plan_is_race_free_and_binds(model, fusion):
+    g = build_graph(preset(model))
+    for s in (Strategy(fusion=frozenset({fusion})),
+              Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware", sync="implicit",
+                       fusion=frozenset({fusion})),
+              Strategy(streams="auto", max_streams=4, allocator="stream-aware", pdl=True,
+                       pdl_trigger="after-main-loop", fusion=frozenset({fusion}))):
+        plan = compile_plan(g, s)
+        report = verify(plan)
+        assert report.race_free, f"{s.label()}:\n{report.text(limit=3)}"
+    op = FUSED_OP[fusion]
+    for n in plan.graph.nodes:
+        if n.op == op:
+            call = cuda_ops.bind(n, lambda v: v.offset, lambda key, size: 0)
+            assert call.name.startswith("k_") and call.writes == n.outs
+
+
+def test_qkv_streams_still_fork_with_biased_projections():
+    """gpt-oss's q/k/v projections become MUL_MAT_ADD: the norm still forks three branches."""
+    g = build_graph(preset("gpt-oss-tiny"))
+    plan = compile_plan(g, Strategy(streams="qkv", allocator="stream-aware", fusion=frozenset({"mul-mat-add"})))
+    assert plan.n_streams == 3
+
+
+@pytest.mark.parametrize("fusion", list(FUSION_GRAPHS))
+def test_seeded_stale_events_flagged_and_fixed(fusion):
+    """The fused node without its first node's wait races with ``side``; with it, race-free."""
+    bug = next(b for b in SEEDED_BUGS if b.name == f"{fusion}-stale-events")
+    report = verify(bug.plan())
+    found = {(r.cause, r.first.node, r.second.node) for r in report.races}
+    assert bug.expect in found, found
+    race = next(r for r in report.races if (r.cause, r.first.node, r.second.node) == bug.expect)
+    assert fusion in race.text() and FUSED_OP[fusion] in race.text()
+    assert verify(fused_plan(fusion, waits=True)).race_free
+
+
+def test_sweep_covers_every_fusion_without_subsets():
+    sets = fusion_sets()
+    assert frozenset() in sets and frozenset(FUSIONS) in sets
+    assert all(frozenset({f}) in sets for f in FUSIONS)
+    assert len(sets) == len(FUSIONS) + 2
+
+
+def test_fused_kernels_cost_less_than_their_parts():
+    """The simulator's cost of each fused node is below the sum of the nodes it replaced (one
+    fixed launch part instead of two or three, the intermediate never written and re-read)."""
+    cal = load_calibration("h200")
+    for model in ("llama-tiny", "gpt-oss-tiny", "qwen3-next-tiny"):
+        g = build_graph(preset(model))
+        by_name = {n.name: n for n in g.nodes}
+        for fusion in NEW:
+            fused, removed = apply_fusions(g, {fusion})
+            if not removed:
+                continue
+            new = [n for n in fused.nodes if n.op == FUSED_OP[fusion]]
+            before = sum(kernel_cost(by_name[r], cal).duration_ns for r in removed)
+            before += sum(kernel_cost(by_name[n.name], cal).duration_ns for n in new)
+            after = sum(kernel_cost(n, cal).duration_ns for n in new)
+            assert after < before, (model, fusion)
+            assert sum(n.bytes for n in new) < sum(by_name[r].bytes for r in removed) + \
+                sum(by_name[n.name].bytes for n in new), (model, fusion)
+
+
+@pytest.mark.skipif(not os.environ.get("NUMBA_ENABLE_CUDASIM"), reason="needs NUMBA_ENABLE_CUDASIM=1")
+def test_numba_add_chain_matches_reference():
+    """The Numba ADD_CHAIN kernel (the elementwise family's Numba variant) on qwen3-next-tiny's
+    fused chains, under Numba's CUDA simulator."""
+    from test_kernels_cpu import HostSpace, _numba_sim
+
+    from workbench.exec.reference import load_static
+    from workbench.exec.reference_ops import NUMPY_OPS
+    from workbench.models.blocks import step_input_values
+
+    nk, cuda = _numba_sim()
+    cfg = preset("qwen3-next-tiny", context=256)
+    graph = build_graph(cfg, 256)
+    plan = compile_plan(graph, Strategy(fusion=frozenset({"add-chain"})))
+    g = plan.graph
+    space = HostSpace(g)
+    load_static(g, space.mem, random_weights(graph, 0))
+    for k, v in step_input_values(g, 7, 3).items():
+        space.mem.write(g.inputs[k], v)
+    checked = 0
+    for node in g.nodes:
+        if node.op != "ADD_CHAIN":
+            NUMPY_OPS[node.op](node, space.mem)
+            continue
+        call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
+        NUMPY_OPS[node.op](node, space.mem)
+        want = space.mem.read(node.dst)
+        kname, grid, block = call.numba
+        dev = [cuda.to_device(np.ascontiguousarray(space.array(a))) if isinstance(a, cuda_ops.Arg) else a.value
+               for a in call.args]
+        nk.KERNELS[kname][grid, block](*dev)
+        got = dev[0].copy_to_host().reshape(-1)
+        np.testing.assert_array_equal(got, want.reshape(-1))
+        checked += 1
+    assert checked == sum(n.op == "ADD_CHAIN" for n in g.nodes) > 0

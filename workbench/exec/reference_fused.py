@@ -1,0 +1,54 @@
+"""NumPy twins of the fused ops of the Strategy fusions (``strategy/fusion_chains.py``).
+
+Each computes exactly what the nodes it replaces computed, in the same order of float32
+operations, so a fused Plan's reference logits equal the unfused ones (the tests compare them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Node
+from .memory import Memory
+from .reference_base import _out, _src, numpy_op, silu
+
+
+def _mat_vec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    # as MUL_MAT's twin: an N-d weight view flattens to [out, in]
+    return x @ w.reshape(-1, w.shape[-1]).T
+
+
+@numpy_op("MUL_MAT_ADD")
+def op_mul_mat_add(node: Node, mem: Memory) -> None:
+    w, x, y = (_src(node, mem, i) for i in range(3))
+    _out(node, mem, _mat_vec(w, x).reshape(y.shape) + y)
+
+
+@numpy_op("MUL_MAT_GLU")
+def op_mul_mat_glu(node: Node, mem: Memory) -> None:
+    wg, wu, x = (_src(node, mem, i) for i in range(3))
+    kind = node.params.get("glu", "swiglu")
+    if kind != "swiglu":
+        raise ValueError(f"{node.name}: MUL_MAT_GLU computes swiglu, not {kind!r}")
+    _out(node, mem, silu(_mat_vec(wg, x)) * _mat_vec(wu, x))
+
+
+@numpy_op("ROPE_SET_ROWS")
+def op_rope_set_rows(node: Node, mem: Memory) -> None:
+    from .reference_ops import rope
+
+    x = _src(node, mem, 0)
+    pos = int(mem.read(node.srcs[1]).reshape(-1)[0])
+    rot = rope(x, pos, _src(node, mem, 2), node.params["n_rot"], node.params.get("attn_factor", 1.0))
+    idx = mem.read(node.srcs[3]).astype(np.int64).reshape(-1)
+    cache = node.outs[0]
+    for r, i in zip(rot.reshape(len(idx), -1), idx):
+        mem.write(cache.slice(0, int(i), int(i) + 1), r.reshape(1, -1))
+
+
+@numpy_op("ADD_CHAIN")
+def op_add_chain(node: Node, mem: Memory) -> None:
+    total = _src(node, mem, 0) + _src(node, mem, 1)
+    for i in range(2, len(node.srcs)):
+        total = total + _src(node, mem, i)
+    _out(node, mem, total)

@@ -1,0 +1,168 @@
+"""llama.cpp's chain fusions (``ggml_cuda_try_fuse``) as pure graph rewrites.
+
+Each pass finds an op whose only result is read by exactly one later node of the right kind
+and replaces the pair (or chain) by one fused node at the position of the last node, writing
+that node's result. A node in between must not write anything the fused node reads (it reads
+it later than the first node did); everything is matched on ops and byte ranges.
+
+* ``mul-mat-glu``: two MUL_MATs of the same activation feeding one ``swiglu`` GLU (FFN gate
+  and up) -> ``MUL_MAT_GLU`` (ggml's fused gate/up mat-vec).
+* ``mul-mat-add``: a MUL_MAT whose result one ADD adds to a tensor of the same shape (a bias,
+  or the residual) -> ``MUL_MAT_ADD`` (ggml's mul_mat + add ``x_bias`` epilogue).
+* ``rope-set-rows``: a ROPE whose result one SET_ROWS stores into a cache -> ``ROPE_SET_ROWS``
+  (ggml's rope + view + set_rows: K is rotated straight into its KV-cache row).
+* ``add-chain``: ADDs each adding one more operand to the previous sum -> ``ADD_CHAIN``
+  (ggml's multi-add, up to ``MAX_ADD_OPERANDS`` operands).
+"""
+
+from __future__ import annotations
+
+from ..graph import Graph, Node
+from .deps import accesses_by_buffer
+from .rewrite import operand_slot, output_buffers, sole_reader, stable_between, with_nodes
+
+#: fused op -> the Strategy fusion that creates it (the race report names the fusion)
+FUSED_OPS = {"MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "ROPE_SET_ROWS": "rope-set-rows",
+             "ADD_CHAIN": "add-chain"}
+#: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
+MAX_ADD_OPERANDS = 4
+#: the GLU kinds the fused mat-vec's epilogue computes (kernels/mul_mat.cu)
+GLU_KINDS = ("swiglu",)
+
+
+def _rebuild(graph: Graph, replace: dict[int, Node], drop: set[int]) -> tuple[Graph, list[str]]:
+    nodes = graph.nodes
+    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
+    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
+
+
+def _writes_apart(out: Node, srcs: tuple) -> bool:
+    """The fused node's result overlaps none of its sources (no in-place fused kernels)."""
+    return not any(o.overlaps(s) for o in out.outs for s in srcs)
+
+
+def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
+    """``MUL_MAT(w, x)`` read only by ``ADD(mm, y)`` with ``y`` of the same shape -> ``MUL_MAT_ADD``
+    (w, x, y): the addend is added in the mat-vec's epilogue (llama.cpp requires the same shape
+    too, which covers a projection's bias and the residual add after attn_out / ffn_out)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "MUL_MAT":
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+            continue
+        a = nodes[j]
+        k = operand_slot(a, n.dst)
+        if k is None:
+            continue
+        other = a.srcs[1 - k]
+        if other.shape != a.srcs[k].shape or other.numel != a.dst.numel:
+            continue
+        srcs = (n.srcs[0], n.srcs[1], other)
+        if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
+            continue
+        replace[j] = Node(a.name, "MUL_MAT_ADD", srcs, a.outs, {**n.params, **a.params})
+        drop.add(i)
+    return _rebuild(graph, replace, drop)
+
+
+def _writer(nodes: list[Node], index, view, before: int) -> int | None:
+    ws = sorted({a.node for a in index.get(view.buffer.name, ()) if a.write and a.node < before
+                 and a.view.overlaps(view)})
+    return ws[-1] if ws else None
+
+
+def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
+    """``GLU(MUL_MAT(wg, x), MUL_MAT(wu, x))`` whose two products are read by the GLU only ->
+    ``MUL_MAT_GLU`` (wg, wu, x): one kernel streams both weight rows of an output and applies the
+    GLU in its epilogue (llama.cpp's gate/up mat-vec fusion, for the kinds in ``GLU_KINDS``)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for j, g in enumerate(nodes):
+        if g.op != "GLU" or g.params.get("glu", "swiglu") not in GLU_KINDS or len(g.srcs) != 2:
+            continue
+        prods = [_writer(nodes, index, s, j) for s in g.srcs]
+        if None in prods or prods[0] == prods[1] or any(p in drop for p in prods):
+            continue
+        mms = [nodes[p] for p in prods]
+        if any(m.op != "MUL_MAT" or sole_reader(nodes, index, outputs, p) != j for m, p in zip(mms, prods)):
+            continue
+        if [operand_slot(g, m.dst) for m in mms] != [0, 1]:
+            continue
+        (wg, xg), (wu, xu) = mms[0].srcs, mms[1].srcs
+        if xg != xu or wg.shape != wu.shape or wg.dtype != wu.dtype or g.srcs[0].shape != g.srcs[1].shape:
+            continue
+        srcs = (wg, wu, xg)
+        if not stable_between(index, srcs, min(prods), j) or not _writes_apart(g, srcs):
+            continue
+        replace[j] = Node(g.name, "MUL_MAT_GLU", srcs, g.outs, dict(g.params))
+        drop.update(prods)
+    return _rebuild(graph, replace, drop)
+
+
+def fuse_rope_set_rows(graph: Graph) -> tuple[Graph, list[str]]:
+    """``ROPE(x, pos, freqs)`` read only by ``SET_ROWS(rope, idx) -> cache`` -> ``ROPE_SET_ROWS``
+    (x, pos, freqs, idx) -> cache: the rotated row is written straight into the cache row."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "ROPE":
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "SET_ROWS" or len(nodes[j].outs) != 1:
+            continue
+        s = nodes[j]
+        if operand_slot(s, n.dst) != 0:
+            continue
+        srcs = (*n.srcs, s.srcs[1])
+        if not stable_between(index, srcs, i, j) or not _writes_apart(s, srcs):
+            continue
+        replace[j] = Node(s.name, "ROPE_SET_ROWS", srcs, s.outs, {**n.params, **s.params})
+        drop.add(i)
+    return _rebuild(graph, replace, drop)
+
+
+def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
+    """``ADD(ADD(a, b), c)`` ... where each sum is read only by the next ADD, all of one shape
+    -> ``ADD_CHAIN`` (a, b, c, ...), summed left to right as the ADDs did (ggml's multi-add)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "ADD" or i in drop or i in replace or len(n.outs) != 1:
+            continue
+        srcs, chain = list(n.srcs), [i]
+        last = i
+        while len(srcs) < MAX_ADD_OPERANDS:
+            j = sole_reader(nodes, index, outputs, last)
+            if j is None or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+                break
+            a = nodes[j]
+            k = operand_slot(a, nodes[last].dst)
+            if k is None or a.srcs[k].shape != nodes[last].dst.shape or a.dst.shape != n.dst.shape:
+                break
+            if not stable_between(index, srcs, last, j):
+                break
+            srcs.append(a.srcs[1 - k])
+            chain.append(j)
+            last = j
+        if last == i or not _writes_apart(nodes[last], tuple(srcs)):
+            continue
+        end = nodes[last]
+        replace[last] = Node(end.name, "ADD_CHAIN", tuple(srcs), end.outs, dict(end.params))
+        drop.update(chain[:-1])
+    return _rebuild(graph, replace, drop)
+
