@@ -31,7 +31,7 @@ from workbench.verify.seeded import SEEDED_BUGS
 from workbench.verify.seeded_fusions import FUSION_GRAPHS, fused_plan
 from workbench.verify.sweep import fusion_sets
 
-NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain")
+NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe")
 FUSED_OP = {v: k for k, v in FUSED_OPS.items()}
 
 #: preset -> fusion -> nodes removed. Two layers each (qwen3-next-tiny: 3 gated-delta-net layers
@@ -40,16 +40,20 @@ FUSED_OP = {v: k for k, v in FUSED_OPS.items()}
 #: mul-mat-add: attn_out and ffn_out into their residual ADDs, plus every projection bias (gpt-oss:
 #: q, k, v, o and the router per layer; its o bias then feeds the residual, which add-chain takes);
 #: rope-set-rows: K's ROPE of every attention layer (Q's goes to the attention, V has none);
-#: add-chain: gpt-oss's (attn_out + bias) + residual, qwen3-next's routed + shared expert + residual.
+#: add-chain: gpt-oss's (attn_out + bias) + residual, qwen3-next's routed + shared expert + residual;
+#: topk-moe: per MoE layer SOFT_MAX, ARGSORT_TOP_K, GET_ROWS, SUM_ROWS (+ the DIV kept) with
+#: Qwen3's gating, ARGSORT_TOP_K, GET_ROWS (+ the SOFT_MAX kept) with gpt-oss's.
 EXPECTED = {
-    "llama-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0},
-    "qwen3-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0},
-    "qwen3-moe-tiny": {"mul-mat-glu": 0, "mul-mat-add": 2, "rope-set-rows": 2, "add-chain": 0},
-    "gpt-oss-tiny": {"mul-mat-glu": 0, "mul-mat-add": 10, "rope-set-rows": 2, "add-chain": 2},
-    "qwen3-next-tiny": {"mul-mat-glu": 8, "mul-mat-add": 4, "rope-set-rows": 1, "add-chain": 4},
+    "llama-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 0},
+    "qwen3-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 0},
+    "qwen3-moe-tiny": {"mul-mat-glu": 0, "mul-mat-add": 2, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 8},
+    "gpt-oss-tiny": {"mul-mat-glu": 0, "mul-mat-add": 10, "rope-set-rows": 2, "add-chain": 2, "topk-moe": 4},
+    "qwen3-next-tiny": {"mul-mat-glu": 8, "mul-mat-add": 4, "rope-set-rows": 1, "add-chain": 4, "topk-moe": 16},
 }
 #: nodes one fused node replaces (removed per fused node)
 REMOVED_PER_FUSED = {"mul-mat-glu": 2, "mul-mat-add": 1, "rope-set-rows": 1}
+#: topk-moe: removed per router chain by gating
+ROUTER_REMOVED = {"softmax": 4, "softmax_weight": 2}
 
 CASES = [(m, f) for m in TINY_PRESETS for f in NEW if EXPECTED[m][f]]
 
@@ -73,6 +77,9 @@ def test_rewrite_count(model, fusion):
     if fusion == "add-chain":  # each chain: operands - 1 ADDs, one of them kept
         assert sum(len(n.srcs) - 2 for n in new) == len(removed)
         assert all(3 <= len(n.srcs) <= MAX_ADD_OPERANDS for n in new)
+    elif fusion == "topk-moe":
+        assert sum(ROUTER_REMOVED[n.params["gating"]] for n in new) == len(removed)
+        assert all(n.params["norm"] == (n.params["gating"] == "softmax") for n in new)
     else:
         assert len(new) * REMOVED_PER_FUSED[fusion] == len(removed)
     kept = {n.name for n in g.nodes} - set(removed)

@@ -1,8 +1,9 @@
-"""Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain)
-node by node against its NumPy twin, in every kernel variant its binding can pick: the block
-(two warps per row at K = 2048) and row-streaming mat-vecs and both fallbacks with the addend,
-the gate/up mat-vec per weight dtype and its fallback, the rope into f16 / bf16 / f32 caches with
-partial rotation, 3- and 4-operand add chains with a broadcast operand (CUDA C and Numba).
+"""Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
+topk-moe) node by node against its NumPy twin, in every kernel variant its binding can pick: the
+block (two warps per row at K = 2048) and row-streaming mat-vecs and both fallbacks with the
+addend, the gate/up mat-vec per weight dtype and its fallback, the rope into f16 / bf16 / f32
+caches with partial rotation, 3- and 4-operand add chains with a broadcast operand (CUDA C and
+Numba), the MoE router chain with either gating (expert ids compared exactly).
 
 Small graphs are built in the unfused form, the real fusion pass rewrites them, and the fused
 node runs alone on the GPU over a copy of the same bytes the reference op reads. Tolerance:
@@ -74,6 +75,24 @@ def _add_chain(operands: int):
     return b.build()
 
 
+def _topk_moe(n: int, k: int, gating: str):
+    """llama.cpp's build_moe_ffn router: Qwen3's (softmax, top-k, gather, renormalise) or
+    gpt-oss's (top-k of the logits, gather, softmax of the chosen)."""
+    b = GraphBuilder("router")
+    logits = b.input("x", (1, n), "f32")
+    probs = b.op("SOFT_MAX", "probs", [logits], (1, n)) if gating == "softmax" else logits
+    ids = b.op("ARGSORT_TOP_K", "topk", [probs], (1, k), dtype="i32", k=k)
+    w = b.op("GET_ROWS", "weights", [probs.reshape((n, 1)), ids], (k, 1))
+    if gating == "softmax":
+        row = w.reshape((1, k))
+        total = b.op("SUM_ROWS", "weights_sum", [row], (1, 1))
+        w = b.op("DIV", "weights_norm", [row, total], (1, k))
+    else:
+        w = b.op("SOFT_MAX", "weights_softmax", [w.reshape((1, k))], (1, k))
+    b.output("logits", b.op("SCALE", "result_output", [w], (1, k), kind="output", s=1.0))
+    return b.build()
+
+
 #: case id -> (fusion, graph, the kernel its binding must pick)
 CASES = {
     **{f"mma-block-{dt}": ("mul-mat-add", lambda dt=dt: _mul_mat_add(dt, 256, 2048), f"k_mul_mat_vec_{dt}_add")
@@ -88,6 +107,9 @@ CASES = {
     **{f"rope-set-rows-{dt}": ("rope-set-rows", lambda dt=dt: _rope_set_rows(dt, 32), "k_rope_set_rows")
        for dt in ("f16", "bf16", "f32")},
     "rope-set-rows-partial": ("rope-set-rows", lambda: _rope_set_rows("f16", 16), "k_rope_set_rows"),
+    "topk-moe-softmax": ("topk-moe", lambda: _topk_moe(128, 8, "softmax"), "k_topk_moe"),
+    "topk-moe-softmax-wide": ("topk-moe", lambda: _topk_moe(512, 10, "softmax"), "k_topk_moe"),
+    "topk-moe-softmax-weight": ("topk-moe", lambda: _topk_moe(32, 4, "softmax_weight"), "k_topk_moe"),
     "add-chain-3": ("add-chain", lambda: _add_chain(3), "k_add_chain"),
     "add-chain-4": ("add-chain", lambda: _add_chain(4), "k_add_chain"),
 }
@@ -168,6 +190,9 @@ def test_fused_kernel_matches_reference(case, kernels):
     NUMPY_OPS[node.op](node, space.mem)
     gpu = space.device_memory()
     for out in node.outs:
+        if out.dtype in ("i32", "i64"):  # expert ids: exact
+            np.testing.assert_array_equal(gpu.read(out), space.mem.read(out), err_msg=f"{case} ({call.name})")
+            continue
         ref, got = space.mem.read(out).astype(np.float64), gpu.read(out).astype(np.float64)
         scale = max(np.abs(ref).max(), 1e-6)
         err = float(np.abs(got - ref).max() / scale) if np.isfinite(got).all() else float("inf")

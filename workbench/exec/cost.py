@@ -50,6 +50,7 @@ KERNEL_NAMES = {
     "MUL_MAT_GLU": "mul_mat_vec_f<gate,glu>",
     "ROPE_SET_ROWS": "rope_neox<set_rows>",
     "ADD_CHAIN": "k_bin_bcast<op_add,op_add>",
+    "TOPK_MOE": "topk_moe_cuda",
     "SET_ROWS": "k_set_rows",
     "FLASH_ATTN_EXT": "flash_attn_ext_vec",
     "CPY": "cpy_flt",
@@ -61,7 +62,8 @@ KERNEL_NAMES = {
 #: fused kernel runs the base kernel's main loop with a longer prologue or epilogue, so the base
 #: op's measured correction applies to it, over the fused node's own bytes and flops
 FUSED_BASE = {"MUL_MAT_ADD": ("MUL_MAT", "_add"), "MUL_MAT_GLU": ("MUL_MAT", "_glu"),
-              "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain")}
+              "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain"),
+              "TOPK_MOE": ("ARGSORT_TOP_K", "")}
 
 _ELEMENTWISE_BLOCK = 256   # CUDA_*_BLOCK_SIZE of ggml's element-wise, copy, rope and set_rows kernels
 _FATTN_KQ_STRIDE = 256     # ggml's FATTN_KQ_STRIDE: KV rows one flash-attention block handles per pass
@@ -106,11 +108,12 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
     if op == "MUL_MAT_ID":
         return max(1, dst.numel), 256                      # rows of every selected expert
-    if op in ("RMS_NORM", "RMS_NORM_MUL", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS"):
+    if op in ("RMS_NORM", "RMS_NORM_MUL", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS",
+              "TOPK_MOE"):
         src = node.srcs[0]
         ncols = src.shape[-1] if src.shape else 1
         nrows = max(1, src.numel // max(1, ncols))
-        if op in ("SOFT_MAX", "ARGSORT_TOP_K"):
+        if op in ("SOFT_MAX", "ARGSORT_TOP_K", "TOPK_MOE"):
             return nrows, min(1024, 1 << max(5, (ncols - 1).bit_length()))
         return nrows, (1024 if ncols >= 1024 else 32)      # ggml: a warp per row below 1024 columns
     if op in ("ROPE", "ROPE_SET_ROWS"):

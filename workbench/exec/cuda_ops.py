@@ -257,6 +257,23 @@ def _top_k(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     return KernelCall("topk", "k_argsort_top_k", (1,), (256,), (arg(d, addr), arg(x, addr), i32(k)), None, node.outs)
 
 
+#: experts the fused router kernel chooses at most (kernels/topk.cu k_topk_moe's shared arrays)
+TOPK_MOE_MAXK = 64
+
+
+def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """TOPK_MOE (topk-moe): the router chain in one block; outs = (weights, ids)."""
+    x = node.srcs[0]
+    w, ids = node.outs
+    n, k = x.shape[-1], int(node.params["k"])
+    if x.numel != n or n > 4096 or k > TOPK_MOE_MAXK or w.numel != k or ids.numel != k:
+        raise BindError(f"{node.name}: top-{k} (at most {TOPK_MOE_MAXK}) of one row of at most 4096 router "
+                        f"logits, got {x.shape} -> {w.shape}, {ids.shape}")
+    args = (arg(w, addr), arg(ids, addr), arg(x, addr), i32(k), i32(node.params["gating"] == "softmax"),
+            i32(bool(node.params["norm"])))
+    return KernelCall("topk", "k_topk_moe", (1,), (256,), args, None, node.outs)
+
+
 def _rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     x, pos, freqs = node.srcs
     d = node.dst
@@ -519,6 +536,7 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "MUL_MAT_GLU": _mul_mat_glu,
     "ROPE_SET_ROWS": _rope_set_rows,
     "ADD_CHAIN": _add_chain,
+    "TOPK_MOE": _topk_moe,
     "MUL_MAT_ID": _mul_mat_id,
     "FLASH_ATTN_EXT": _attn,
     "SSM_CONV": _ssm_conv,

@@ -10,7 +10,7 @@ import numpy as np
 
 from ..graph import Node
 from .memory import Memory
-from .reference_base import _out, _src, numpy_op, silu
+from .reference_base import _out, _src, numpy_op, silu, softmax
 
 
 def _mat_vec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
@@ -52,3 +52,21 @@ def op_add_chain(node: Node, mem: Memory) -> None:
     for i in range(2, len(node.srcs)):
         total = total + _src(node, mem, i)
     _out(node, mem, total)
+
+
+@numpy_op("TOPK_MOE")
+def op_topk_moe(node: Node, mem: Memory) -> None:
+    """outs = (weights, ids): the router chain's float32 steps in order (softmax, stable top-k,
+    gather, softmax of the chosen for ``softmax_weight``, renormalisation for ``norm``)."""
+    k = node.params["k"]
+    x = _src(node, mem, 0)
+    probs = softmax(x) if node.params["gating"] == "softmax" else x
+    flat = probs.reshape(-1)
+    ids = np.argsort(-flat, kind="stable")[:k]
+    w = flat[ids].reshape(1, k)
+    if node.params["gating"] == "softmax_weight":
+        w = softmax(w)
+    if node.params["norm"]:
+        w = w / w.sum(axis=-1)
+    _out(node, mem, w, 0)
+    _out(node, mem, ids.astype(np.int32), 1)

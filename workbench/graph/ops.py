@@ -151,6 +151,7 @@ _op("SET_ROWS", "set_rows", lambda n: 0.0, _set_rows_bytes)
 _op("MUL_MAT_ADD", "mul_mat", _mul_mat_add_flops)          # mul-mat-add: mat-vec + bias / residual
 _op("MUL_MAT_GLU", "mul_mat", _mul_mat_glu_flops)          # mul-mat-glu: gate and up mat-vecs + swiglu
 _op("ROPE_SET_ROWS", "rope", lambda n: 6.0 * n.srcs[0].numel, _rope_set_rows_bytes)  # rope-set-rows: into the cache
+_op("TOPK_MOE", "softmax", lambda n: float(n.srcs[0].numel * 13), _multi_out_bytes)  # topk-moe fusion
 _op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1)))  # add-chain: a + b + c ...
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)

@@ -4,9 +4,10 @@ and generic copy elimination.
 Each pass is a pure function Graph -> (Graph, removed node names), matching the graph's
 structure (ops and byte ranges), never node names. Node names survive a rewrite: a fused node
 takes the name of the node whose result it writes (the MUL of rms-norm-mul, the ADD of
-mul-mat-add, the GLU of mul-mat-glu, the SET_ROWS of rope-set-rows, the last ADD of add-chain),
-a copy-eliminated producer keeps its own, so stream forks, traces and the race report still
-speak the model's vocabulary. The chain passes live in ``fusion_chains``.
+mul-mat-add, the GLU of mul-mat-glu, the SET_ROWS of rope-set-rows, the last ADD of add-chain,
+the router chain's last node of topk-moe), a copy-eliminated producer keeps its own, so stream
+forks, traces and the race report still speak the model's vocabulary. The chain passes live in
+``fusion_chains``, the router's in ``fusion_moe``.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from collections.abc import Callable, Iterable
 from ..graph import Graph, Node, View
 from .deps import accesses_by_buffer, readers_of, touchers_between
 from .fusion_chains import fuse_add_chain, fuse_mul_mat_add, fuse_mul_mat_glu, fuse_rope_set_rows
+from .fusion_moe import fuse_topk_moe
 from .rewrite import output_buffers, with_nodes
 
 __all__ = ["PASSES", "apply_fusions", "eliminate_copies", "fuse_rms_norm_mul", "with_nodes"]
@@ -156,6 +158,7 @@ PASSES: dict[str, Callable[[Graph], tuple[Graph, list[str]]]] = {
     "mul-mat-add": fuse_mul_mat_add,
     "rope-set-rows": fuse_rope_set_rows,
     "add-chain": fuse_add_chain,
+    "topk-moe": fuse_topk_moe,
     "rms-norm-mul": fuse_rms_norm_mul,
     "copy-elim": eliminate_copies,
 }

@@ -23,7 +23,7 @@ from .rewrite import operand_slot, output_buffers, sole_reader, stable_between, 
 
 #: fused op -> the Strategy fusion that creates it (the race report names the fusion)
 FUSED_OPS = {"MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "ROPE_SET_ROWS": "rope-set-rows",
-             "ADD_CHAIN": "add-chain"}
+             "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe"}
 #: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
 MAX_ADD_OPERANDS = 4
 #: the GLU kinds the fused mat-vec's epilogue computes (kernels/mul_mat.cu)

@@ -70,12 +70,22 @@ def add_chain_graph() -> Graph:
     return b.build()
 
 
+def topk_moe_graph() -> Graph:
+    b, x, side = _start("topk-moe-bug")
+    probs = b.op("SOFT_MAX", "probs", [side], (1, D))
+    ids = b.op("ARGSORT_TOP_K", "topk", [probs], (1, 4), dtype="i32", k=4)
+    w = b.op("GET_ROWS", "weights", [probs.reshape((D, 1)), ids], (4, 1))
+    b.output("logits", b.op("SCALE", "result_output", [w], (4, 1), kind="output", s=1.0))
+    return b.build()
+
+
 #: fusion -> (graph builder, name of the fused node)
 FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
     "mul-mat-add": (mul_mat_add_graph, "proj_res"),
     "mul-mat-glu": (mul_mat_glu_graph, "ffn_act"),
     "rope-set-rows": (rope_set_rows_graph, "k_store"),
     "add-chain": (add_chain_graph, "sum_1"),
+    "topk-moe": (topk_moe_graph, "weights"),
 }
 
 
