@@ -450,3 +450,83 @@ extern "C" __global__ void k_mul_mat_glu_generic(TV d, TV wg, TV wu, TV x) {
     if (valid && lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, silu_f(g) * u);
     PDL_TRIGGER(end);
 }
+
+// MUL_MAT_ID_GLU (the mul-mat-glu fusion of MoE experts): d[i] = silu(wg[ids[i]] @ x) *
+// (wu[ids[i]] @ x), x row i (or 0); wg, wu [E, N, K] on TV axes 1..3 as in k_mul_mat_id_*,
+// grid = (ceil(N / rows per block), n_ids). The expert is known only after reading ids.
+template <int WDT>
+__device__ __forceinline__ void mmv_id_glu(TV d, TV wg, TV wu, TV x, TV ids, int splits) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    __shared__ float partial[2][MMV_WARPS];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % splits;
+    const int row = blockIdx.x * (MMV_WARPS / splits) + warp / splits;
+    const int slot = blockIdx.y, N = wg.n[2], K = wg.n[3], nvec = K / VEC, step = 32 * splits;
+    const int v = part * 32 + lane;
+    const bool valid = row < N;
+    const int xrows = tv_rows(x);
+    PDL_WAIT(first_read);
+    const i64 e = ldi_v(ids.p + tv_off(ids, ids.n, slot), ids.dt);
+    PDL_WAIT(late);
+    const i64 r = valid ? row : 0;
+    const char* gr = wg.p + e * wg.s[1] + r * wg.s[2];
+    const char* ur = wu.p + e * wu.s[1] + r * wu.s[2];
+    const float* xr = (const float*)(x.p + tv_row_off(x, x.n, xrows > 1 ? slot : 0));
+    u32x4 cur[MMV_UNROLL] = {};
+    prefetch(gr, nvec, v, step, valid, cur);
+    float g = valid ? row_dot<WDT>(gr, xr, nvec, v, step, cur) : 0.0f;
+    prefetch(ur, nvec, v, step, valid, cur);
+    float u = valid ? row_dot<WDT>(ur, xr, nvec, v, step, cur) : 0.0f;
+    g = warp_sum(g);
+    u = warp_sum(u);
+    PDL_TRIGGER(after_main_loop);
+    if (splits > 1) {
+        if (lane == 0) { partial[0][warp] = g; partial[1][warp] = u; }
+        __syncthreads();
+        if (lane == 0 && part == 0)
+            for (int p = 1; p < splits; ++p) { g += partial[0][warp + p]; u += partial[1][warp + p]; }
+    }
+    if (valid && lane == 0 && part == 0) stf(d.p + tv_off(d, d.n, slot * N + row), d.dt, silu_f(g) * u);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f16_glu(TV d, TV wg, TV wu, TV x, TV ids, int splits) {
+    mmv_id_glu<DT_F16>(d, wg, wu, x, ids, splits);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_bf16_glu(TV d, TV wg, TV wu, TV x, TV ids, int splits) {
+    mmv_id_glu<DT_BF16>(d, wg, wu, x, ids, splits);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f32_glu(TV d, TV wg, TV wu, TV x, TV ids, int splits) {
+    mmv_id_glu<DT_F32>(d, wg, wu, x, ids, splits);
+}
+
+// MUL_MAT_ID_GLU for layouts the vector kernel cannot take (input-major experts, K not a
+// multiple of the vector width): one warp per output, scalar strided loads of both rows.
+extern "C" __global__ void k_mul_mat_id_glu_generic(TV d, TV wg, TV wu, TV x, TV ids) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int o = blockIdx.x * (blockDim.x >> 5) + warp;
+    const int N = wg.n[2], K = wg.n[3], M = tv_numel(ids), xrows = tv_rows(x);
+    const bool valid = o < M * N;
+    const int m = valid ? o / N : 0, n = valid ? o % N : 0;
+    PDL_WAIT(first_read);
+    const i64 e = ldi_v(ids.p + tv_off(ids, ids.n, m), ids.dt);
+    PDL_WAIT(late);
+    const char* gr = wg.p + e * wg.s[1] + (i64)n * wg.s[2];
+    const char* ur = wu.p + e * wu.s[1] + (i64)n * wu.s[2];
+    const char* xr = x.p + tv_row_off(x, x.n, xrows > 1 ? m : 0);
+    float g = 0.0f, u = 0.0f;
+    if (valid)
+        for (int k = lane; k < K; k += 32) {
+            const float xv = ldf(xr + (i64)k * x.s[3], x.dt);
+            g += ldf(gr + (i64)k * wg.s[3], wg.dt) * xv;
+            u += ldf(ur + (i64)k * wu.s[3], wu.dt) * xv;
+        }
+    g = warp_sum(g);
+    u = warp_sum(u);
+    PDL_TRIGGER(after_main_loop);
+    if (valid && lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, silu_f(g) * u);
+    PDL_TRIGGER(end);
+}

@@ -1,9 +1,9 @@
 """Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
 topk-moe) node by node against its NumPy twin, in every kernel variant its binding can pick: the
 block (two warps per row at K = 2048) and row-streaming mat-vecs and both fallbacks with the
-addend, the gate/up mat-vec per weight dtype and its fallback, the rope into f16 / bf16 / f32
-caches with partial rotation, 3- and 4-operand add chains with a broadcast operand (CUDA C and
-Numba), the MoE router chain with either gating (expert ids compared exactly).
+addend, the gate/up mat-vec per weight dtype and its fallback (dense and MoE experts), the rope
+into f16 / bf16 / f32 caches with partial rotation, 3- and 4-operand add chains with a broadcast
+operand (CUDA C and Numba), the MoE router chain with either gating (expert ids compared exactly).
 
 Small graphs are built in the unfused form, the real fusion pass rewrites them, and the fused
 node runs alone on the GPU over a copy of the same bytes the reference op reads. Tolerance:
@@ -47,6 +47,16 @@ def _mul_mat_glu(wdt: str, n: int, k: int):
     g = b.op("MUL_MAT", "ffn_gate", [b.weight("wg", (n, k), wdt), x], (1, n))
     u = b.op("MUL_MAT", "ffn_up", [b.weight("wu", (n, k), wdt), x], (1, n))
     b.output("logits", b.op("GLU", "ffn_act", [g, u], (1, n), kind="output", glu="swiglu"))
+    return b.build()
+
+
+def _mul_mat_id_glu(wdt: str, n: int, k: int, experts: int = 8, used: int = 2):
+    b = GraphBuilder("glu-id")
+    x = b.input("x", (1, k), "f32")
+    ids = b.input("ids", (1, used), "i32")
+    up = b.op("MUL_MAT_ID", "ffn_moe_up", [b.weight("wu", (experts, n, k), wdt), x, ids], (used, n))
+    gate = b.op("MUL_MAT_ID", "ffn_moe_gate", [b.weight("wg", (experts, n, k), wdt), x, ids], (used, n))
+    b.output("logits", b.op("GLU", "ffn_moe_swiglu", [gate, up], (used, n), kind="output", glu="swiglu"))
     return b.build()
 
 
@@ -104,6 +114,9 @@ CASES = {
        for dt in ("f16", "bf16", "f32")},
     "glu-tall-f16": ("mul-mat-glu", lambda: _mul_mat_glu("f16", 8192, 256), "k_mul_mat_vec_f16_glu"),
     "glu-generic": ("mul-mat-glu", lambda: _mul_mat_glu("f16", 96, 100), "k_mul_mat_glu_generic"),
+    **{f"glu-id-{dt}": ("mul-mat-glu", lambda dt=dt: _mul_mat_id_glu(dt, 256, 2048), f"k_mul_mat_id_{dt}_glu")
+       for dt in ("f16", "bf16", "f32")},
+    "glu-id-generic": ("mul-mat-glu", lambda: _mul_mat_id_glu("f16", 96, 100), "k_mul_mat_id_glu_generic"),
     **{f"rope-set-rows-{dt}": ("rope-set-rows", lambda dt=dt: _rope_set_rows(dt, 32), "k_rope_set_rows")
        for dt in ("f16", "bf16", "f32")},
     "rope-set-rows-partial": ("rope-set-rows", lambda: _rope_set_rows("f16", 16), "k_rope_set_rows"),
@@ -148,7 +161,9 @@ class DeviceSpace:
 
 def _fill(graph, mem: Memory) -> None:
     for name, v in {**graph.inputs, **graph.weights, **graph.consts, **graph.caches}.items():
-        if v.dtype in ("i32", "i64"):
+        if name == "ids":  # distinct experts
+            mem.write(v, (np.arange(v.numel) * 3 + 1).reshape(v.shape))
+        elif v.dtype in ("i32", "i64"):
             mem.write(v, np.array([5 if "pos" in name else 3]).reshape(v.shape))
         elif name == "rope_freqs":
             mem.write(v, (1e4 ** -(np.arange(v.numel) / v.numel)).astype(np.float32))

@@ -48,6 +48,7 @@ KERNEL_NAMES = {
     "MUL_MAT_ID": "mul_mat_vec_f<ids>",
     "MUL_MAT_ADD": "mul_mat_vec_f<bias>",
     "MUL_MAT_GLU": "mul_mat_vec_f<gate,glu>",
+    "MUL_MAT_ID_GLU": "mul_mat_vec_f<ids,gate,glu>",
     "ROPE_SET_ROWS": "rope_neox<set_rows>",
     "ADD_CHAIN": "k_bin_bcast<op_add,op_add>",
     "TOPK_MOE": "topk_moe_cuda",
@@ -62,6 +63,7 @@ KERNEL_NAMES = {
 #: fused kernel runs the base kernel's main loop with a longer prologue or epilogue, so the base
 #: op's measured correction applies to it, over the fused node's own bytes and flops
 FUSED_BASE = {"MUL_MAT_ADD": ("MUL_MAT", "_add"), "MUL_MAT_GLU": ("MUL_MAT", "_glu"),
+              "MUL_MAT_ID_GLU": ("MUL_MAT_ID", "_glu"),
               "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain"),
               "TOPK_MOE": ("ARGSORT_TOP_K", "")}
 
@@ -106,7 +108,7 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     op, dst = node.op, node.dst
     if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU"):
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
-    if op == "MUL_MAT_ID":
+    if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
         return max(1, dst.numel), 256                      # rows of every selected expert
     if op in ("RMS_NORM", "RMS_NORM_MUL", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS",
               "TOPK_MOE"):

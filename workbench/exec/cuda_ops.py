@@ -282,6 +282,32 @@ def _rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     return KernelCall("rope", "k_rope", _ew_grid(x.numel), (EW_THREADS,), args, None, node.outs)
 
 
+def _mul_mat_id_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """MUL_MAT_ID_GLU (mul-mat-glu of MoE experts): both experts' rows per selected expert,
+    swiglu in the epilogue; the scalar warp-per-output kernel for other layouts."""
+    wg, wu, x, ids = node.srcs
+    d = node.dst
+    if len(wg.shape) != 3 or wu.shape != wg.shape or wu.dtype != wg.dtype:
+        raise BindError(f"{node.name}: expert weights must be two [experts, out, in] of one layout, got "
+                        f"{wg.describe()}, {wu.describe()}")
+    if node.params.get("glu", "swiglu") != "swiglu":
+        raise BindError(f"{node.name}: the fused gate/up mat-vec computes swiglu only")
+    _, N, K = wg.shape
+    ga, ua, ia = arg(wg, addr), arg(wu, addr), arg(ids, addr)
+    xa = arg(x, addr, *_x_rows(x, K, node))
+    n_ids = ids.numel
+    if d.numel != n_ids * N:
+        raise BindError(f"{node.name}: {n_ids} experts x {N} outputs do not fill {d.shape}")
+    vec = _vec_width(wg.dtype)
+    if (vec and K % vec == 0 and x.dtype == "f32" and _aligned16(ga, wg.itemsize) and _aligned16(ua, wu.itemsize)
+            and _aligned16(xa, 4)):
+        splits = _mmv_splits(N, n_ids, K // vec)
+        return KernelCall("mul_mat", f"k_mul_mat_id_{wg.dtype}_glu", (ceil(N / (MMV_WARPS // splits)), n_ids),
+                          (32 * MMV_WARPS,), (arg(d, addr), ga, ua, xa, ia, i32(splits)), None, node.outs)
+    return KernelCall("mul_mat", "k_mul_mat_id_glu_generic", (ceil(n_ids * N / 8),), (256,),
+                      (arg(d, addr), ga, ua, xa, ia), None, node.outs)
+
+
 def _rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     """ROPE_SET_ROWS (rope-set-rows): k_rope's rotation stored as k_set_rows stores rows."""
     x, pos, freqs, idx = node.srcs
@@ -534,6 +560,7 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "MUL_MAT": _mul_mat,
     "MUL_MAT_ADD": _mul_mat,
     "MUL_MAT_GLU": _mul_mat_glu,
+    "MUL_MAT_ID_GLU": _mul_mat_id_glu,
     "ROPE_SET_ROWS": _rope_set_rows,
     "ADD_CHAIN": _add_chain,
     "TOPK_MOE": _topk_moe,

@@ -33,6 +33,24 @@ def op_mul_mat_glu(node: Node, mem: Memory) -> None:
     _out(node, mem, silu(_mat_vec(wg, x)) * _mat_vec(wu, x))
 
 
+@numpy_op("MUL_MAT_ID_GLU")
+def op_mul_mat_id_glu(node: Node, mem: Memory) -> None:
+    """silu(gate) * up per selected expert, each product as MUL_MAT_ID's twin computes it."""
+    from ..models.weights import to_float32
+
+    wg, wu = node.srcs[:2]
+    ids = mem.read(node.srcs[3]).astype(np.int64).reshape(-1)
+    x = _src(node, mem, 2).reshape(-1, wg.shape[-1])
+    gate = np.empty((len(ids), wg.shape[1]), np.float32)
+    up = np.empty_like(gate)
+    rg, ru = mem.raw(wg), mem.raw(wu)
+    for i, e in enumerate(ids):
+        xi = x[i if x.shape[0] > 1 else 0]
+        gate[i] = to_float32(rg[e], wg.dtype) @ xi
+        up[i] = to_float32(ru[e], wu.dtype) @ xi
+    _out(node, mem, silu(gate) * up)
+
+
 @numpy_op("ROPE_SET_ROWS")
 def op_rope_set_rows(node: Node, mem: Memory) -> None:
     from .reference_ops import rope

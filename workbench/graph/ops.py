@@ -86,6 +86,18 @@ def _mul_mat_glu_flops(n: Node) -> float:
     return 2.0 * 2.0 * w.numel * rows + 6.0 * n.dst.numel
 
 
+def _mul_mat_id_glu_flops(n: Node) -> float:
+    # srcs = (w_gate, w_up, x, ids): two expert mat-vecs per selected expert, then the GLU
+    w = n.srcs[0]
+    return 2.0 * 2.0 * (w.numel // w.shape[0]) * n.srcs[3].numel + 6.0 * n.dst.numel
+
+
+def _mul_mat_id_glu_bytes(n: Node) -> float:
+    # the selected experts' rows of both weights, the activation, the ids and the result
+    used = min(1.0, n.srcs[3].numel / n.srcs[0].shape[0])
+    return (n.srcs[0].nbytes + n.srcs[1].nbytes) * used + n.srcs[2].nbytes + n.srcs[3].nbytes + n.dst.nbytes
+
+
 def _rope_set_rows_bytes(n: Node) -> float:
     # srcs = (x, pos, freqs, row indices): reads x, writes x's elements as cache rows
     x = n.srcs[0]
@@ -150,6 +162,7 @@ _op("SET_ROWS", "set_rows", lambda n: 0.0, _set_rows_bytes)
 # fused ops of the Strategy fusions (workbench/strategy/fusion.py), named after llama.cpp's
 _op("MUL_MAT_ADD", "mul_mat", _mul_mat_add_flops)          # mul-mat-add: mat-vec + bias / residual
 _op("MUL_MAT_GLU", "mul_mat", _mul_mat_glu_flops)          # mul-mat-glu: gate and up mat-vecs + swiglu
+_op("MUL_MAT_ID_GLU", "mul_mat", _mul_mat_id_glu_flops, _mul_mat_id_glu_bytes)  # mul-mat-glu of MoE experts
 _op("ROPE_SET_ROWS", "rope", lambda n: 6.0 * n.srcs[0].numel, _rope_set_rows_bytes)  # rope-set-rows: into the cache
 _op("TOPK_MOE", "softmax", lambda n: float(n.srcs[0].numel * 13), _multi_out_bytes)  # topk-moe fusion
 _op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1)))  # add-chain: a + b + c ...

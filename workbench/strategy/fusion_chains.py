@@ -6,7 +6,8 @@ that node's result. A node in between must not write anything the fused node rea
 it later than the first node did); everything is matched on ops and byte ranges.
 
 * ``mul-mat-glu``: two MUL_MATs of the same activation feeding one ``swiglu`` GLU (FFN gate
-  and up) -> ``MUL_MAT_GLU`` (ggml's fused gate/up mat-vec).
+  and up) -> ``MUL_MAT_GLU`` (ggml's fused gate/up mat-vec); two MUL_MAT_IDs of the same
+  activation and expert ids (MoE gate and up) -> ``MUL_MAT_ID_GLU``.
 * ``mul-mat-add``: a MUL_MAT whose result one ADD adds to a tensor of the same shape (a bias,
   or the residual) -> ``MUL_MAT_ADD`` (ggml's mul_mat + add ``x_bias`` epilogue).
 * ``rope-set-rows``: a ROPE whose result one SET_ROWS stores into a cache -> ``ROPE_SET_ROWS``
@@ -22,7 +23,8 @@ from .deps import accesses_by_buffer
 from .rewrite import operand_slot, output_buffers, sole_reader, stable_between, with_nodes
 
 #: fused op -> the Strategy fusion that creates it (the race report names the fusion)
-FUSED_OPS = {"MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "ROPE_SET_ROWS": "rope-set-rows",
+FUSED_OPS = {"MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "MUL_MAT_ID_GLU": "mul-mat-glu",
+             "ROPE_SET_ROWS": "rope-set-rows",
              "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe"}
 #: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
 MAX_ADD_OPERANDS = 4
@@ -77,10 +79,16 @@ def _writer(nodes: list[Node], index, view, before: int) -> int | None:
     return ws[-1] if ws else None
 
 
+#: the mat-vec op of a GLU's gate and up -> the fused op (``ids`` of MUL_MAT_ID shared by both)
+GLU_FUSED = {"MUL_MAT": "MUL_MAT_GLU", "MUL_MAT_ID": "MUL_MAT_ID_GLU"}
+
+
 def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
     """``GLU(MUL_MAT(wg, x), MUL_MAT(wu, x))`` whose two products are read by the GLU only ->
     ``MUL_MAT_GLU`` (wg, wu, x): one kernel streams both weight rows of an output and applies the
-    GLU in its epilogue (llama.cpp's gate/up mat-vec fusion, for the kinds in ``GLU_KINDS``)."""
+    GLU in its epilogue (llama.cpp's gate/up mat-vec fusion, for the kinds in ``GLU_KINDS``). The
+    MoE form, two ``MUL_MAT_ID`` of the same activation and expert ids, -> ``MUL_MAT_ID_GLU``
+    (wg, wu, x, ids)."""
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
     outputs = output_buffers(graph)
@@ -93,17 +101,21 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
         if None in prods or prods[0] == prods[1] or any(p in drop for p in prods):
             continue
         mms = [nodes[p] for p in prods]
-        if any(m.op != "MUL_MAT" or sole_reader(nodes, index, outputs, p) != j for m, p in zip(mms, prods)):
+        op = mms[0].op
+        if op not in GLU_FUSED or mms[1].op != op:
+            continue
+        if any(sole_reader(nodes, index, outputs, p) != j for p in prods):
             continue
         if [operand_slot(g, m.dst) for m in mms] != [0, 1]:
             continue
-        (wg, xg), (wu, xu) = mms[0].srcs, mms[1].srcs
-        if xg != xu or wg.shape != wu.shape or wg.dtype != wu.dtype or g.srcs[0].shape != g.srcs[1].shape:
+        wg, wu = mms[0].srcs[0], mms[1].srcs[0]
+        if mms[0].srcs[1:] != mms[1].srcs[1:] or wg.shape != wu.shape or wg.dtype != wu.dtype \
+                or g.srcs[0].shape != g.srcs[1].shape:
             continue
-        srcs = (wg, wu, xg)
+        srcs = (wg, wu, *mms[0].srcs[1:])
         if not stable_between(index, srcs, min(prods), j) or not _writes_apart(g, srcs):
             continue
-        replace[j] = Node(g.name, "MUL_MAT_GLU", srcs, g.outs, dict(g.params))
+        replace[j] = Node(g.name, GLU_FUSED[op], srcs, g.outs, dict(g.params))
         drop.update(prods)
     return _rebuild(graph, replace, drop)
 
