@@ -220,3 +220,22 @@ def test_numba_add_chain_matches_reference():
         np.testing.assert_array_equal(got, want.reshape(-1))
         checked += 1
     assert checked == sum(n.op == "ADD_CHAIN" for n in g.nodes) > 0
+
+
+def test_race_on_a_fused_nodes_own_operand_is_a_missing_event():
+    """Only a source the fused node inherited from a node it absorbed makes a race the fusion's:
+    the ADD's own operand (the residual) racing is a plain missing event, as it was unfused."""
+    from workbench.graph import GraphBuilder
+    from workbench.verify.seeded import hand_plan
+
+    b = GraphBuilder("own-operand")
+    x = b.op("SCALE", "x_in", [b.input("inp_x", (1, 64), "f32")], (1, 64), s=1.0)
+    side = b.op("SCALE", "side", [x], (1, 64), s=0.5)
+    h = b.op("MUL_MAT", "proj", [b.weight("w", (64, 64), "f16"), x], (1, 64))
+    y = b.op("ADD", "proj_res", [h, side], (1, 64))
+    b.output("logits", b.op("SCALE", "result_output", [y], (1, 64), kind="output", s=1.0))
+    graph, removed = PASSES["mul-mat-add"](b.build())
+    assert removed == ["proj"] and graph.node("proj_res").params["inherited"] == (0, 1)
+    placed = [(0, (), (0,)), (1, (0,), (1,)), (0, (), ()), (0, (1,), ())]
+    report = verify(hand_plan(graph, placed, Strategy(streams="auto", allocator="no-reuse")))
+    assert {(r.cause, r.first.node, r.second.node) for r in report.races} == {("missing-event", "side", "proj_res")}

@@ -32,6 +32,13 @@ MAX_ADD_OPERANDS = 4
 GLU_KINDS = ("swiglu",)
 
 
+def fused_params(base: dict, absorbed: list[Node], inherited: tuple[int, ...]) -> dict:
+    """A fused node's params: ``fused`` names the nodes it absorbed, ``inherited`` the indices of
+    its sources that only those nodes read before (the race report blames the fusion for a race
+    on one of them: the fused kernel reads it later, at the position of the last node)."""
+    return {**base, "fused": tuple(n.name for n in absorbed), "inherited": inherited}
+
+
 def _rebuild(graph: Graph, replace: dict[int, Node], drop: set[int]) -> tuple[Graph, list[str]]:
     nodes = graph.nodes
     new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
@@ -68,7 +75,7 @@ def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
         srcs = (n.srcs[0], n.srcs[1], other)
         if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
             continue
-        replace[j] = Node(a.name, "MUL_MAT_ADD", srcs, a.outs, {**n.params, **a.params})
+        replace[j] = Node(a.name, "MUL_MAT_ADD", srcs, a.outs, fused_params({**n.params, **a.params}, [n], (0, 1)))
         drop.add(i)
     return _rebuild(graph, replace, drop)
 
@@ -115,7 +122,8 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
         srcs = (wg, wu, *mms[0].srcs[1:])
         if not stable_between(index, srcs, min(prods), j) or not _writes_apart(g, srcs):
             continue
-        replace[j] = Node(g.name, GLU_FUSED[op], srcs, g.outs, dict(g.params))
+        replace[j] = Node(g.name, GLU_FUSED[op], srcs, g.outs,
+                          fused_params(dict(g.params), mms, tuple(range(len(srcs)))))
         drop.update(prods)
     return _rebuild(graph, replace, drop)
 
@@ -140,7 +148,7 @@ def fuse_rope_set_rows(graph: Graph) -> tuple[Graph, list[str]]:
         srcs = (*n.srcs, s.srcs[1])
         if not stable_between(index, srcs, i, j) or not _writes_apart(s, srcs):
             continue
-        replace[j] = Node(s.name, "ROPE_SET_ROWS", srcs, s.outs, {**n.params, **s.params})
+        replace[j] = Node(s.name, "ROPE_SET_ROWS", srcs, s.outs, fused_params({**n.params, **s.params}, [n], (0, 1, 2)))
         drop.add(i)
     return _rebuild(graph, replace, drop)
 
@@ -174,7 +182,9 @@ def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
         if last == i or not _writes_apart(nodes[last], tuple(srcs)):
             continue
         end = nodes[last]
-        replace[last] = Node(end.name, "ADD_CHAIN", tuple(srcs), end.outs, dict(end.params))
+        inherited = tuple(range(len(srcs) - 1))  # all but the last ADD's own operand
+        replace[last] = Node(end.name, "ADD_CHAIN", tuple(srcs), end.outs,
+                             fused_params(dict(end.params), [nodes[k] for k in chain[:-1]], inherited))
         drop.update(chain[:-1])
     return _rebuild(graph, replace, drop)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from ..graph import Graph, Node
 from .deps import accesses_by_buffer, readers_of
+from .fusion_chains import fused_params
 from .rewrite import operand_slot, output_buffers, same_elements, sole_reader, stable_between, with_nodes
 
 
@@ -83,7 +84,8 @@ def fuse_topk_moe(graph: Graph) -> tuple[Graph, list[str]]:
         chain, params = found
         logits = params.pop("logits")
         end = nodes[chain[-1]]
-        replace[chain[-1]] = Node(end.name, "TOPK_MOE", (logits,), (end.dst, n.dst), params)
+        replace[chain[-1]] = Node(end.name, "TOPK_MOE", (logits,), (end.dst, n.dst),
+                                  fused_params(params, [nodes[k] for k in chain[:-1]], (0,)))
         drop.update(chain[:-1])
     new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
     return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
