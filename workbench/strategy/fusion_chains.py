@@ -20,12 +20,11 @@ from __future__ import annotations
 
 from ..graph import Graph, Node
 from .deps import accesses_by_buffer
-from .rewrite import operand_slot, output_buffers, sole_reader, stable_between, with_nodes
+from .rewrite import last_writer, operand_slot, output_buffers, sole_reader, stable_between, with_nodes
 
 #: fused op -> the Strategy fusion that creates it (the race report names the fusion)
 FUSED_OPS = {"MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "MUL_MAT_ID_GLU": "mul-mat-glu",
-             "ROPE_SET_ROWS": "rope-set-rows",
-             "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe"}
+             "ROPE_SET_ROWS": "rope-set-rows", "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe"}
 #: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
 MAX_ADD_OPERANDS = 4
 #: the GLU kinds the fused mat-vec's epilogue computes (kernels/mul_mat.cu)
@@ -80,12 +79,6 @@ def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
     return _rebuild(graph, replace, drop)
 
 
-def _writer(nodes: list[Node], index, view, before: int) -> int | None:
-    ws = sorted({a.node for a in index.get(view.buffer.name, ()) if a.write and a.node < before
-                 and a.view.overlaps(view)})
-    return ws[-1] if ws else None
-
-
 #: the mat-vec op of a GLU's gate and up -> the fused op (``ids`` of MUL_MAT_ID shared by both)
 GLU_FUSED = {"MUL_MAT": "MUL_MAT_GLU", "MUL_MAT_ID": "MUL_MAT_ID_GLU"}
 
@@ -104,7 +97,7 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
     for j, g in enumerate(nodes):
         if g.op != "GLU" or g.params.get("glu", "swiglu") not in GLU_KINDS or len(g.srcs) != 2:
             continue
-        prods = [_writer(nodes, index, s, j) for s in g.srcs]
+        prods = [last_writer(index, s, j) for s in g.srcs]
         if None in prods or prods[0] == prods[1] or any(p in drop for p in prods):
             continue
         mms = [nodes[p] for p in prods]

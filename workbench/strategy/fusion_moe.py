@@ -13,13 +13,7 @@ from __future__ import annotations
 from ..graph import Graph, Node
 from .deps import accesses_by_buffer, readers_of
 from .fusion_chains import fused_params
-from .rewrite import operand_slot, output_buffers, same_elements, sole_reader, stable_between, with_nodes
-
-
-def _writer(nodes: list[Node], index, view, before: int) -> int | None:
-    ws = sorted({a.node for a in index.get(view.buffer.name, ()) if a.write and a.node < before
-                 and a.view.overlaps(view)})
-    return ws[-1] if ws else None
+from .rewrite import last_writer, operand_slot, output_buffers, same_elements, sole_reader, stable_between, with_nodes
 
 
 def _match(nodes: list[Node], index, outputs: set[str], t: int) -> tuple[list[int], dict] | None:
@@ -36,7 +30,7 @@ def _match(nodes: list[Node], index, outputs: set[str], t: int) -> tuple[list[in
     if ids != top.dst or not same_elements(p, rows):
         return None
     params: dict = dict(k=top.params["k"], gating="softmax_weight", norm=False)
-    s = _writer(nodes, index, p, t)
+    s = last_writer(index, p, t)
     if (s is not None and nodes[s].op == "SOFT_MAX" and same_elements(nodes[s].dst, p)
             and p.buffer.kind == "act" and p.buffer.name not in outputs
             and readers_of(nodes, index, p, s) == [t, g]):

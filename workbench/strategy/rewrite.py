@@ -32,6 +32,12 @@ def sole_reader(nodes: Sequence[Node], index: dict[str, list[Access]], outputs: 
     return users[0] if len(users) == 1 else None
 
 
+def last_writer(index: dict[str, list[Access]], view: View, before: int) -> int | None:
+    """The last node before ``before`` that writes any byte of ``view``, or None."""
+    ws = [a.node for a in index.get(view.buffer.name, ()) if a.write and a.node < before and a.view.overlaps(view)]
+    return max(ws) if ws else None
+
+
 def same_elements(a: View, b: View) -> bool:
     """``b`` reads exactly the elements of ``a`` in the same order (the view itself, or a
     contiguous reshape of it: ggml_reshape / ggml_view of the whole tensor)."""
