@@ -148,7 +148,7 @@ def add_chain(d, a, b, c, e, n):
         d[d0, d1, d2, d3] = r
 
 
-RMS, RMS_MUL, L2, GATED = 0, 1, 2, 3
+RMS, RMS_MUL, L2, GATED, RMS_MUL_ADD = 0, 1, 2, 3, 4
 
 
 def _norm(kind):
@@ -181,10 +181,12 @@ def _norm(kind):
             inv = float32(1.0) / math.sqrt(total / length + eps)
         for j in range(t, length, NORM_THREADS):
             v = x[r0, r1, r2, j] * inv
-            if kind == RMS_MUL or kind == GATED:
+            if kind == RMS_MUL or kind == GATED or kind == RMS_MUL_ADD:
                 v *= w[r0, r1, r2, j]
             if kind == GATED:
                 v *= silu(z[r0, r1, r2, j])
+            if kind == RMS_MUL_ADD:
+                v += z[r0, r1, r2, j]
             d[r0, r1, r2, j] = v
     return kernel
 
@@ -193,6 +195,7 @@ _rms = _norm(RMS)
 _rms_mul = _norm(RMS_MUL)
 _l2 = _norm(L2)
 _gated = _norm(GATED)
+_rms_mul_add = _norm(RMS_MUL_ADD)
 
 
 class _Launcher:
@@ -216,4 +219,5 @@ KERNELS = {
     "rms_norm_mul": _Launcher(_rms_mul, lambda a: (a[0], a[1], a[2], a[1], a[3])),
     "l2_norm": _Launcher(_l2, lambda a: (a[0], a[1], a[1], a[1], a[2])),
     "norm_gated": _Launcher(_gated, lambda a: (a[0], a[1], a[2], a[3], a[4])),
+    "rms_norm_mul_add": _Launcher(_rms_mul_add, lambda a: (a[0], a[1], a[2], a[3], a[4])),
 }

@@ -61,7 +61,7 @@ CASES = [(m, f) for m in TINY_PRESETS for f in NEW if EXPECTED[m][f]]
 
 def test_every_fusion_is_a_knob_with_a_pass_and_a_fused_op():
     assert set(NEW) <= set(FUSIONS) and set(FUSIONS) == set(PASSES)
-    assert set(FUSED_OPS.values()) == set(NEW)
+    assert set(FUSED_OPS.values()) == {*NEW, "rms-norm-mul"}
     for op in FUSED_OPS:
         assert op in OPS and op in KERNEL_NAMES and op in FUSED_BASE and op in cuda_ops.SUPPORTED_OPS
     assert set(EXPECTED) == set(TINY_PRESETS)
@@ -186,6 +186,31 @@ def test_fused_kernels_cost_less_than_their_parts():
 
 
 @pytest.mark.skipif(not os.environ.get("NUMBA_ENABLE_CUDASIM"), reason="needs NUMBA_ENABLE_CUDASIM=1")
+def test_numba_rms_norm_mul_add_matches_reference():
+    """The Numba RMS_NORM_MUL_ADD kernel (the norm family's Numba variant) under the simulator."""
+    from test_kernels_cpu import HostSpace, _numba_sim
+
+    from workbench.exec.reference_ops import NUMPY_OPS
+
+    nk, cuda = _numba_sim()
+    g, _ = apply_fusions(post_norm_graph(), {"rms-norm-mul"})
+    space = HostSpace(g)
+    rng = np.random.default_rng(5)
+    for v in (*g.inputs.values(), *g.weights.values()):
+        space.mem.write(v, rng.standard_normal(v.shape).astype(np.float32))
+    node = g.node("l_out")
+    NUMPY_OPS["SCALE"](g.node("h"), space.mem)
+    call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
+    NUMPY_OPS[node.op](node, space.mem)
+    kname, grid, block = call.numba
+    dev = [cuda.to_device(np.ascontiguousarray(space.array(a))) if isinstance(a, cuda_ops.Arg) else a.value
+           for a in call.args]
+    nk.KERNELS[kname][grid, block](*dev)
+    np.testing.assert_allclose(dev[0].copy_to_host().reshape(-1), space.mem.read(node.dst).reshape(-1),
+                               rtol=2e-6, atol=2e-6)
+
+
+@pytest.mark.skipif(not os.environ.get("NUMBA_ENABLE_CUDASIM"), reason="needs NUMBA_ENABLE_CUDASIM=1")
 def test_numba_add_chain_matches_reference():
     """The Numba ADD_CHAIN kernel (the elementwise family's Numba variant) on qwen3-next-tiny's
     fused chains, under Numba's CUDA simulator."""
@@ -239,3 +264,44 @@ def test_race_on_a_fused_nodes_own_operand_is_a_missing_event():
     placed = [(0, (), (0,)), (1, (0,), (1,)), (0, (), ()), (0, (1,), ())]
     report = verify(hand_plan(graph, placed, Strategy(streams="auto", allocator="no-reuse")))
     assert {(r.cause, r.first.node, r.second.node) for r in report.races} == {("missing-event", "side", "proj_res")}
+
+
+def post_norm_graph():
+    """A post-norm residual (Gemma's ``post_attention_norm``): ``l_out = res + rms_norm(h) * w``,
+    the pattern of llama.cpp's rms_norm + mul + add (no preset family has it)."""
+    from workbench.graph import GraphBuilder
+    from workbench.models.blocks import rms_norm
+
+    b = GraphBuilder("post-norm")
+    h = b.op("SCALE", "h", [b.input("inp_h", (1, 64), "f32")], (1, 64), s=1.0)
+    res = b.input("inp_res", (1, 64), "f32")
+    normed = rms_norm(b, h, b.weight("w_norm", (64,), "f32"), 1e-6, "post_norm")
+    out = b.op("ADD", "l_out", [normed, res], (1, 64))
+    b.output("logits", b.op("SCALE", "result_output", [out], (1, 64), kind="output", s=1.0))
+    return b.build()
+
+
+def test_rms_norm_mul_add_fuses_the_post_norm_residual():
+    from workbench.exec.memory import Memory
+    from workbench.exec.reference import execute_graph
+
+    g = post_norm_graph()
+    fused, removed = apply_fusions(g, {"rms-norm-mul"})
+    assert removed == ["post_norm_rms", "post_norm"]
+    node = fused.node("l_out")
+    assert node.op == "RMS_NORM_MUL_ADD" and node.params["fused"] == ("post_norm",)
+    values = {n: np.random.default_rng(3).standard_normal(v.shape).astype(np.float32)
+              for n, v in {**g.inputs, **g.weights}.items()}
+    outs = []
+    for graph in (g, fused):
+        mem = Memory()
+        for n, v in {**graph.inputs, **graph.weights}.items():
+            mem.write(v, values[n])
+        execute_graph(graph, mem)
+        outs.append(mem.read(graph.outputs["logits"]))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    for s in (Strategy(fusion=frozenset({"rms-norm-mul"})),
+              Strategy(graphs=True, pdl=True, streams="auto", allocator="stream-aware", fusion=frozenset(FUSIONS))):
+        assert verify(compile_plan(g, s)).race_free
+    call = cuda_ops.bind(node, lambda v: v.offset, lambda key, size: 0)
+    assert call.name == "k_rms_norm_mul_add" and call.numba[0] == "rms_norm_mul_add"

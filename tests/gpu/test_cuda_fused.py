@@ -1,9 +1,11 @@
 """Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
-topk-moe) node by node against its NumPy twin, in every kernel variant its binding can pick: the
-block (two warps per row at K = 2048) and row-streaming mat-vecs and both fallbacks with the
-addend, the gate/up mat-vec per weight dtype and its fallback (dense and MoE experts), the rope
-into f16 / bf16 / f32 caches with partial rotation, 3- and 4-operand add chains with a broadcast
-operand (CUDA C and Numba), the MoE router chain with either gating (expert ids compared exactly).
+topk-moe, rms-norm-mul's + add) node by node against its NumPy twin, in every kernel variant its
+binding can pick: the block (two warps per row at K = 2048) and row-streaming mat-vecs and both
+fallbacks with the addend, the gate/up mat-vec per weight dtype and its fallback (dense and MoE
+experts), the rope into f16 / bf16 / f32 caches with partial rotation, 3- and 4-operand add
+chains with a broadcast operand, the MoE router chain with either gating (expert ids compared
+exactly), the post-norm residual (CUDA C kernels, and the Numba twins of the elementwise and
+norm families).
 
 Small graphs are built in the unfused form, the real fusion pass rewrites them, and the fused
 node runs alone on the GPU over a copy of the same bytes the reference op reads. Tolerance:
@@ -103,6 +105,17 @@ def _topk_moe(n: int, k: int, gating: str):
     return b.build()
 
 
+def _post_norm(cols: int):
+    """llama.cpp's rms_norm + mul + add: a post-norm added to the residual."""
+    from workbench.models.blocks import rms_norm
+
+    b = GraphBuilder("post-norm")
+    h = b.input("h", (2, cols), "f32")
+    normed = rms_norm(b, h, b.weight("w_norm", (cols,), "f32"), 1e-6, "post_norm")
+    b.output("logits", b.op("ADD", "l_out", [normed, b.input("res", (2, cols), "f32")], (2, cols), kind="output"))
+    return b.build()
+
+
 #: case id -> (fusion, graph, the kernel its binding must pick)
 CASES = {
     **{f"mma-block-{dt}": ("mul-mat-add", lambda dt=dt: _mul_mat_add(dt, 256, 2048), f"k_mul_mat_vec_{dt}_add")
@@ -123,6 +136,8 @@ CASES = {
     "topk-moe-softmax": ("topk-moe", lambda: _topk_moe(128, 8, "softmax"), "k_topk_moe"),
     "topk-moe-softmax-wide": ("topk-moe", lambda: _topk_moe(512, 10, "softmax"), "k_topk_moe"),
     "topk-moe-softmax-weight": ("topk-moe", lambda: _topk_moe(32, 4, "softmax_weight"), "k_topk_moe"),
+    "rms-norm-mul-add": ("rms-norm-mul", lambda: _post_norm(2048), "k_rms_norm_mul_add"),
+    "rms-norm-mul-add-short": ("rms-norm-mul", lambda: _post_norm(96), "k_rms_norm_mul_add"),
     "add-chain-3": ("add-chain", lambda: _add_chain(3), "k_add_chain"),
     "add-chain-4": ("add-chain", lambda: _add_chain(4), "k_add_chain"),
 }
@@ -174,7 +189,8 @@ def _fill(graph, mem: Memory) -> None:
 
 
 #: (case, kernel set): every case on the CUDA C kernels, the Numba twins where the family has one
-RUNS = [(c, "cupy") for c in CASES] + [(c, "numba") for c, (f, _, _) in CASES.items() if f == "add-chain"]
+NUMBA = ("add-chain", "rms-norm-mul")
+RUNS = [(c, "cupy") for c in CASES] + [(c, "numba") for c, (f, _, _) in CASES.items() if f in NUMBA]
 
 
 @pytest.mark.parametrize("case,kernels", RUNS, ids=[f"{c}-{k}" for c, k in RUNS])
@@ -186,13 +202,13 @@ def test_fused_kernel_matches_reference(case, kernels):
     fusion, build, want_kernel = CASES[case]
     graph, removed = PASSES[fusion](build())
     assert removed, f"{case}: {fusion} did not fuse"
-    node = next(n for n in graph.nodes if n.op in FUSED_OPS)
+    node = next(n for n in graph.nodes if n.op in FUSED_OPS)  # the one fused node of the case
     space = DeviceSpace(graph, cp)
     _fill(graph, space.mem)
     space.upload()
     call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
     assert call.name == want_kernel, (case, call.name)
-    assert (call.numba is not None) == (fusion == "add-chain"), call
+    assert (call.numba is not None) == (fusion in NUMBA), call
     stream = cp.cuda.Stream(non_blocking=True)
     if kernels == "numba":
         name, grid, block = call.numba

@@ -29,6 +29,7 @@ KERNEL_NAMES = {
     "GET_ROWS": "k_get_rows_float",
     "RMS_NORM": "rms_norm_f32",
     "RMS_NORM_MUL": "rms_norm_f32<mul>",
+    "RMS_NORM_MUL_ADD": "rms_norm_f32<mul,add>",
     "L2_NORM": "l2_norm_f32",
     "NORM_GATED": "rms_norm_f32<mul,silu>",
     "MUL": "k_bin_bcast<op_mul>",
@@ -62,7 +63,8 @@ KERNEL_NAMES = {
 #: fused op -> (the op whose kernel it extends, the suffix of its ``cuda`` kernel's name): the
 #: fused kernel runs the base kernel's main loop with a longer prologue or epilogue, so the base
 #: op's measured correction applies to it, over the fused node's own bytes and flops
-FUSED_BASE = {"MUL_MAT_ADD": ("MUL_MAT", "_add"), "MUL_MAT_GLU": ("MUL_MAT", "_glu"),
+FUSED_BASE = {"RMS_NORM_MUL_ADD": ("RMS_NORM", "_mul_add"),
+              "MUL_MAT_ADD": ("MUL_MAT", "_add"), "MUL_MAT_GLU": ("MUL_MAT", "_glu"),
               "MUL_MAT_ID_GLU": ("MUL_MAT_ID", "_glu"),
               "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain"),
               "TOPK_MOE": ("ARGSORT_TOP_K", "")}
@@ -110,8 +112,8 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
     if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
         return max(1, dst.numel), 256                      # rows of every selected expert
-    if op in ("RMS_NORM", "RMS_NORM_MUL", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS",
-              "TOPK_MOE"):
+    if op in ("RMS_NORM", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K",
+              "SUM_ROWS", "TOPK_MOE"):
         src = node.srcs[0]
         ncols = src.shape[-1] if src.shape else 1
         nrows = max(1, src.numel // max(1, ncols))

@@ -216,6 +216,11 @@ def _norm(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         w = node.srcs[1]
         args.append(arg(w, addr, *broadcast(w, x.shape)))
         views.append(w)
+    elif node.op == "RMS_NORM_MUL_ADD":  # rms-norm-mul's + add: the addend read like NORM_GATED's gate
+        name = "rms_norm_mul_add"
+        w, y = node.srcs[1], node.srcs[2]
+        args += [arg(w, addr, *broadcast(w, x.shape)), arg(y, addr, *like(y, x.shape, node.name))]
+        views += [w, y]
     elif node.op == "NORM_GATED":
         name = "norm_gated"
         w, z = node.srcs[1], node.srcs[2]
@@ -549,7 +554,7 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     **{op: _binary for op in (*BINARY, "GLU")},
     **{op: _unary for op in (*UNARY, "SCALE")},
-    **{op: _norm for op in (*NORMS, "RMS_NORM_MUL", "NORM_GATED")},
+    **{op: _norm for op in (*NORMS, "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "NORM_GATED")},
     "SOFT_MAX": _soft_max,
     "SUM_ROWS": _sum_rows,
     "ARGSORT_TOP_K": _top_k,

@@ -10,12 +10,17 @@ import numpy as np
 
 from ..graph import Node
 from .memory import Memory
-from .reference_base import _out, _src, numpy_op, silu, softmax
+from .reference_base import _out, _src, numpy_op, rms_norm, silu, softmax
 
 
 def _mat_vec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
     # as MUL_MAT's twin: an N-d weight view flattens to [out, in]
     return x @ w.reshape(-1, w.shape[-1]).T
+
+
+@numpy_op("RMS_NORM_MUL_ADD")
+def op_rms_norm_mul_add(node: Node, mem: Memory) -> None:
+    _out(node, mem, rms_norm(_src(node, mem, 0), node.params["eps"]) * _src(node, mem, 1) + _src(node, mem, 2))
 
 
 @numpy_op("MUL_MAT_ADD")

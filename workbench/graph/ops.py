@@ -142,6 +142,7 @@ def _op(name: str, family: str, flops: Callable[[Node], float], nbytes: Callable
 _op("GET_ROWS", "get_rows", lambda n: 0.0, _get_rows_bytes)
 _op("RMS_NORM", "norm", _elementwise_flops(3))
 _op("RMS_NORM_MUL", "norm", _elementwise_flops(4))  # fused rms_norm + mul (rms-norm-mul rewrite)
+_op("RMS_NORM_MUL_ADD", "norm", _elementwise_flops(5))  # + the residual add (rms-norm-mul rewrite)
 _op("L2_NORM", "norm", _elementwise_flops(3))
 _op("NORM_GATED", "norm", _elementwise_flops(8))  # rms_norm(x) * w * silu(z) of the GDN output
 _op("MUL", "elementwise", _elementwise_flops(1))

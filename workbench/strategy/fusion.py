@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterable
 
 from ..graph import Graph, Node, View
 from .deps import accesses_by_buffer, readers_of, touchers_between
-from .fusion_chains import fuse_add_chain, fuse_mul_mat_add, fuse_mul_mat_glu, fuse_rope_set_rows
+from .fusion_chains import fuse_add_chain, fuse_mul_mat_add, fuse_mul_mat_glu, fuse_norm_mul_add, fuse_rope_set_rows
 from .fusion_moe import fuse_topk_moe
 from .rewrite import output_buffers, with_nodes
 
@@ -159,9 +159,17 @@ PASSES: dict[str, Callable[[Graph], tuple[Graph, list[str]]]] = {
     "rope-set-rows": fuse_rope_set_rows,
     "add-chain": fuse_add_chain,
     "topk-moe": fuse_topk_moe,
-    "rms-norm-mul": fuse_rms_norm_mul,
+    "rms-norm-mul": lambda g: _then(fuse_rms_norm_mul, fuse_norm_mul_add, g),
     "copy-elim": eliminate_copies,
 }
+
+
+def _then(first: Callable[[Graph], tuple[Graph, list[str]]], second: Callable[[Graph], tuple[Graph, list[str]]],
+          graph: Graph) -> tuple[Graph, list[str]]:
+    """Two passes of one knob, in order; the removed names of both."""
+    graph, a = first(graph)
+    graph, b = second(graph)
+    return graph, a + b
 
 
 def apply_fusions(graph: Graph, names: Iterable[str]) -> tuple[Graph, list[str]]:

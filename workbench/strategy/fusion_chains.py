@@ -8,6 +8,8 @@ it later than the first node did); everything is matched on ops and byte ranges.
 * ``mul-mat-glu``: two MUL_MATs of the same activation feeding one ``swiglu`` GLU (FFN gate
   and up) -> ``MUL_MAT_GLU`` (ggml's fused gate/up mat-vec); two MUL_MAT_IDs of the same
   activation and expert ids (MoE gate and up) -> ``MUL_MAT_ID_GLU``.
+* ``rms-norm-mul`` (+ add): an ``RMS_NORM_MUL`` whose result one ADD adds to a tensor of the
+  same shape -> ``RMS_NORM_MUL_ADD`` (ggml's rms_norm + mul + add).
 * ``mul-mat-add``: a MUL_MAT whose result one ADD adds to a tensor of the same shape (a bias,
   or the residual) -> ``MUL_MAT_ADD`` (ggml's mul_mat + add ``x_bias`` epilogue).
 * ``rope-set-rows``: a ROPE whose result one SET_ROWS stores into a cache -> ``ROPE_SET_ROWS``
@@ -23,7 +25,8 @@ from .deps import accesses_by_buffer
 from .rewrite import last_writer, operand_slot, output_buffers, sole_reader, stable_between, with_nodes
 
 #: fused op -> the Strategy fusion that creates it (the race report names the fusion)
-FUSED_OPS = {"MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "MUL_MAT_ID_GLU": "mul-mat-glu",
+FUSED_OPS = {"RMS_NORM_MUL_ADD": "rms-norm-mul",
+             "MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "MUL_MAT_ID_GLU": "mul-mat-glu",
              "ROPE_SET_ROWS": "rope-set-rows", "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe"}
 #: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
 MAX_ADD_OPERANDS = 4
@@ -47,6 +50,36 @@ def _rebuild(graph: Graph, replace: dict[int, Node], drop: set[int]) -> tuple[Gr
 def _writes_apart(out: Node, srcs: tuple) -> bool:
     """The fused node's result overlaps none of its sources (no in-place fused kernels)."""
     return not any(o.overlaps(s) for o in out.outs for s in srcs)
+
+
+def fuse_norm_mul_add(graph: Graph) -> tuple[Graph, list[str]]:
+    """``RMS_NORM_MUL(x, w)`` read only by ``ADD(normed, y)`` with ``y`` of the same shape ->
+    ``RMS_NORM_MUL_ADD`` (x, w, y): llama.cpp's rms_norm + mul + add (a post-norm added to the
+    residual), the second step of ``rms-norm-mul``."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "RMS_NORM_MUL":
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+            continue
+        a = nodes[j]
+        k = operand_slot(a, n.dst)
+        if k is None or a.srcs[k].shape != n.srcs[0].shape:
+            continue
+        other = a.srcs[1 - k]
+        if other.shape != a.srcs[k].shape:
+            continue
+        srcs = (*n.srcs, other)
+        if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
+            continue
+        replace[j] = Node(a.name, "RMS_NORM_MUL_ADD", srcs, a.outs, fused_params({**n.params, **a.params}, [n], (0, 1)))
+        drop.add(i)
+    return _rebuild(graph, replace, drop)
 
 
 def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
