@@ -147,3 +147,32 @@ extern "C" __global__ void k_set_rows(TV cache, TV rows, TV idx) {
     if (ok) stf(cache.p + dst * cache.s[0] + oc, cache.dt, v);
     PDL_TRIGGER(end);
 }
+
+// ADD_CHAIN (the add-chain fusion, ggml's multi-add): d = ((a + b) + c) + e, summed left to right
+// as the ADDs it replaces; sources aligned to d's iteration shape; n = 3 or 4 sources (the
+// unused one is any valid view, never read).
+extern "C" __global__ void k_add_chain(TV d, TV a, TV b, TV c, TV e, int n) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    const bool ok = i < tv_numel(d);
+    i64 oa = 0, ob = 0, oc = 0, oe = 0, od = 0;
+    if (ok) {
+        oa = tv_off(a, a.n, i);
+        ob = tv_off(b, b.n, i);
+        oc = tv_off(c, c.n, i);
+        if (n > 3) oe = tv_off(e, e.n, i);
+        od = tv_off(d, d.n, i);
+    }
+    PDL_WAIT(first_read);
+    const float x = ok ? ldf_v(a.p + oa, a.dt) : 0.0f;
+    PDL_WAIT(late);
+    float r = 0.0f;
+    if (ok) {
+        r = (x + ldf(b.p + ob, b.dt)) + ldf(c.p + oc, c.dt);
+        if (n > 3) r = r + ldf(e.p + oe, e.dt);
+    }
+    PDL_TRIGGER(after_main_loop);
+    if (ok) stf(d.p + od, d.dt, r);
+    PDL_TRIGGER(end);
+}

@@ -1,4 +1,4 @@
-// Row-wise ops: RMS_NORM (+ the fused RMS_NORM_MUL), L2_NORM, NORM_GATED, SOFT_MAX, SUM_ROWS.
+// Row-wise ops: RMS_NORM (+ the fused RMS_NORM_MUL, RMS_NORM_MUL_ADD), L2_NORM, NORM_GATED, SOFT_MAX, SUM_ROWS.
 // One block per row (rows = the first three TV axes, the row on axis 3). Each thread stages its
 // elements of the row (and of the weight / gate) in registers in one pass, so every read of the
 // kernel happens before PDL_TRIGGER(after_main_loop): the next kernel may start while this one
@@ -9,19 +9,22 @@
 #define NORM_RMS_MUL 1
 #define NORM_L2 2
 #define NORM_GATED_RMS 3
+#define NORM_RMS_MUL_ADD 4
 #define NORM_MAXPER 8
 
 // x: rows to normalise; w: weight aligned to x's shape (broadcast strides); z: gate aligned to
-// x's shape for NORM_GATED: rms_norm(x) * w * silu(z). d: rows aligned to x's shape.
+// x's shape for NORM_GATED: rms_norm(x) * w * silu(z), or the addend for NORM_RMS_MUL_ADD:
+// rms_norm(x) * w + z. d: rows aligned to x's shape.
 template <int KIND>
 __device__ __forceinline__ void norm_row(TV d, TV x, TV w, TV z, float eps) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     const int r = blockIdx.x, L = x.n[3], t = threadIdx.x, B = blockDim.x;
     const char* xr = x.p + tv_row_off(x, x.n, r);
-    const bool has_w = KIND == NORM_RMS_MUL || KIND == NORM_GATED_RMS;
+    const bool has_w = KIND == NORM_RMS_MUL || KIND == NORM_GATED_RMS || KIND == NORM_RMS_MUL_ADD;
+    const bool has_z = KIND == NORM_GATED_RMS || KIND == NORM_RMS_MUL_ADD;
     const char* wr = has_w ? w.p + tv_row_off(w, x.n, r) : 0;
-    const char* zr = KIND == NORM_GATED_RMS ? z.p + tv_row_off(z, x.n, r) : 0;
+    const char* zr = has_z ? z.p + tv_row_off(z, x.n, r) : 0;
     float xv[NORM_MAXPER], wv[NORM_MAXPER], zv[NORM_MAXPER];
     PDL_WAIT(first_read);
     const float first = t < L ? ldf_v(xr + (i64)t * x.s[3], x.dt) : 0.0f;
@@ -33,7 +36,7 @@ __device__ __forceinline__ void norm_row(TV d, TV x, TV w, TV z, float eps) {
         const bool in = j < L;
         xv[u] = u == 0 ? first : (in ? ldf(xr + (i64)j * x.s[3], x.dt) : 0.0f);
         wv[u] = (has_w && in) ? ldf(wr + (i64)j * w.s[3], w.dt) : 0.0f;
-        zv[u] = (KIND == NORM_GATED_RMS && in) ? ldf(zr + (i64)j * z.s[3], z.dt) : 0.0f;
+        zv[u] = (has_z && in) ? ldf(zr + (i64)j * z.s[3], z.dt) : 0.0f;
         ss += xv[u] * xv[u];
     }
     ss = block_sum(ss);
@@ -49,6 +52,7 @@ __device__ __forceinline__ void norm_row(TV d, TV x, TV w, TV z, float eps) {
             float v = xv[u] * scale;
             if (has_w) v *= wv[u];
             if (KIND == NORM_GATED_RMS) v *= silu_f(zv[u]);
+            if (KIND == NORM_RMS_MUL_ADD) v += zv[u];
             stf(dr + (i64)j * d.s[3], d.dt, v);
         }
     }
@@ -57,6 +61,9 @@ __device__ __forceinline__ void norm_row(TV d, TV x, TV w, TV z, float eps) {
 
 extern "C" __global__ void k_rms_norm(TV d, TV x, float eps) { norm_row<NORM_RMS>(d, x, x, x, eps); }
 extern "C" __global__ void k_rms_norm_mul(TV d, TV x, TV w, float eps) { norm_row<NORM_RMS_MUL>(d, x, w, x, eps); }
+extern "C" __global__ void k_rms_norm_mul_add(TV d, TV x, TV w, TV y, float eps) {
+    norm_row<NORM_RMS_MUL_ADD>(d, x, w, y, eps);
+}
 extern "C" __global__ void k_l2_norm(TV d, TV x, float eps) { norm_row<NORM_L2>(d, x, x, x, eps); }
 extern "C" __global__ void k_norm_gated(TV d, TV x, TV w, TV z, float eps) {
     norm_row<NORM_GATED_RMS>(d, x, w, z, eps);

@@ -132,7 +132,23 @@ def scale(d, a, s):
         d[d0, d1, d2, d3] = a[a0, a1, a2, a3] * s
 
 
-RMS, RMS_MUL, L2, GATED = 0, 1, 2, 3
+@cuda.jit
+def add_chain(d, a, b, c, e, n):
+    """ADD_CHAIN (the add-chain fusion): ((a + b) + c) + e, the last only when n == 4."""
+    i = cuda.grid(1)
+    if i < d.size:
+        a0, a1, a2, a3 = unravel(i, a.shape)
+        b0, b1, b2, b3 = unravel(i, b.shape)
+        c0, c1, c2, c3 = unravel(i, c.shape)
+        d0, d1, d2, d3 = unravel(i, d.shape)
+        r = (a[a0, a1, a2, a3] + b[b0, b1, b2, b3]) + c[c0, c1, c2, c3]
+        if n > 3:
+            e0, e1, e2, e3 = unravel(i, e.shape)
+            r = r + e[e0, e1, e2, e3]
+        d[d0, d1, d2, d3] = r
+
+
+RMS, RMS_MUL, L2, GATED, RMS_MUL_ADD = 0, 1, 2, 3, 4
 
 
 def _norm(kind):
@@ -165,10 +181,12 @@ def _norm(kind):
             inv = float32(1.0) / math.sqrt(total / length + eps)
         for j in range(t, length, NORM_THREADS):
             v = x[r0, r1, r2, j] * inv
-            if kind == RMS_MUL or kind == GATED:
+            if kind == RMS_MUL or kind == GATED or kind == RMS_MUL_ADD:
                 v *= w[r0, r1, r2, j]
             if kind == GATED:
                 v *= silu(z[r0, r1, r2, j])
+            if kind == RMS_MUL_ADD:
+                v += z[r0, r1, r2, j]
             d[r0, r1, r2, j] = v
     return kernel
 
@@ -177,6 +195,7 @@ _rms = _norm(RMS)
 _rms_mul = _norm(RMS_MUL)
 _l2 = _norm(L2)
 _gated = _norm(GATED)
+_rms_mul_add = _norm(RMS_MUL_ADD)
 
 
 class _Launcher:
@@ -193,10 +212,12 @@ class _Launcher:
 
 #: CUDA C kernel name (without ``k_``) -> Numba kernel taking the same arguments
 KERNELS = {
-    "add": add, "mul": mul, "div": div, "swiglu": swiglu, "swiglu_oai": swiglu_oai, "scale": scale,
+    "add": add, "add_chain": add_chain, "mul": mul, "div": div, "swiglu": swiglu,
+    "swiglu_oai": swiglu_oai, "scale": scale,
     "sigmoid": sigmoid_k, "softplus": softplus, "silu": silu_k,
     "rms_norm": _Launcher(_rms, lambda a: (a[0], a[1], a[1], a[1], a[2])),
     "rms_norm_mul": _Launcher(_rms_mul, lambda a: (a[0], a[1], a[2], a[1], a[3])),
     "l2_norm": _Launcher(_l2, lambda a: (a[0], a[1], a[1], a[1], a[2])),
     "norm_gated": _Launcher(_gated, lambda a: (a[0], a[1], a[2], a[3], a[4])),
+    "rms_norm_mul_add": _Launcher(_rms_mul_add, lambda a: (a[0], a[1], a[2], a[3], a[4])),
 }

@@ -23,11 +23,11 @@ from workbench.exec.reference_ops import NUMPY_OPS, attend
 from workbench.models import build_graph, preset
 from workbench.models.blocks import step_input_values
 from workbench.models.weights import random_weights
-from workbench.strategy import Strategy
+from workbench.strategy import FUSIONS, Strategy
 from workbench.strategy.compile import compile_plan
 
 TINY = ("llama-tiny", "qwen3-tiny", "qwen3-moe-tiny", "gpt-oss-tiny", "qwen3-next-tiny")
-ALL_ON = Strategy(fusion=frozenset({"copy-elim", "rms-norm-mul"}), allocator="stream-aware", streams="qkv")
+ALL_ON = Strategy(fusion=frozenset(FUSIONS), allocator="stream-aware", streams="qkv")
 
 
 class HostSpace:
@@ -232,8 +232,10 @@ def test_first_read_placement_prefetches_weights_only(tmp_path):
     reads the activation after it; kernels without independent data wait before any load."""
     entries = _entries(_ptx("mul_mat", "first-read", "start", tmp_path))
     for dt in ("f16", "bf16", "f32"):
-        before, after = entries[f"k_mul_mat_vec_{dt}"].split("griddepcontrol.wait")
-        assert "ld.global.nc.L1::no_allocate.v4.u32" in before
-        assert "ld.volatile" not in before and "ld.volatile.global.f32" in after
-        before_id = entries[f"k_mul_mat_id_{dt}"].split("griddepcontrol.wait")[0]
-        assert "ld.global" not in before_id  # the expert is only known after reading ids
+        for name in (f"k_mul_mat_vec_{dt}", f"k_mul_mat_vec_{dt}_add", f"k_mul_mat_vec_{dt}_glu"):  # + fused
+            before, after = entries[name].split("griddepcontrol.wait")
+            assert "ld.global.nc.L1::no_allocate.v4.u32" in before, name
+            assert "ld.volatile" not in before and "ld.volatile.global.f32" in after, name
+        for name in (f"k_mul_mat_id_{dt}", f"k_mul_mat_id_{dt}_glu"):
+            before_id = entries[name].split("griddepcontrol.wait")[0]
+            assert "ld.global" not in before_id, name  # the expert is only known after reading ids

@@ -11,7 +11,7 @@ import pytest
 from gpu_cases import MODELS, N_TOKENS, START, TOL, executor, model_case, record, rel_err
 
 import workbench
-from workbench.strategy import Strategy
+from workbench.strategy import FUSIONS, Strategy
 
 SYNC = ("per-copy", "boundary", "implicit")
 GRAPHS = (False, True)
@@ -26,7 +26,7 @@ REPLAYS = 10
 def strategy_of(sync, graphs, streams, pdl, fusion, allocator) -> Strategy:
     return Strategy(sync=sync, graphs=graphs, streams=streams, pdl=pdl != "off",
                     pdl_wait=pdl if pdl != "off" else "first-read", pdl_trigger="start",
-                    fusion=frozenset({"copy-elim", "rms-norm-mul"}) if fusion == "fused" else frozenset(),
+                    fusion=frozenset(FUSIONS) if fusion == "fused" else frozenset(),
                     allocator=allocator)
 
 

@@ -12,12 +12,15 @@ from workbench.exec.memory import Memory
 from workbench.exec.reference import load_static
 from workbench.exec.reference_ops import NUMPY_OPS
 from workbench.models.blocks import step_input_values
+from workbench.strategy import FUSIONS as ALL_FUSIONS
 from workbench.strategy import Strategy
 
 #: per node: relative to the largest reference value of that output (fp32 compute on both sides;
 #: fp16/bf16 storage of a cache entry may round the other way: 2^-8 for bf16)
 NODE_TOL = 5e-3
-FUSIONS = {"none": frozenset(), "fused": frozenset({"copy-elim", "rms-norm-mul"})}
+#: "fused": every Strategy fusion, so each fused kernel of llama.cpp's set is checked node by node
+#: on every model it applies to (tests/gpu/test_cuda_fused.py covers each kernel variant)
+FUSIONS = {"none": frozenset(), "fused": frozenset(ALL_FUSIONS)}
 
 
 def _gpu_memory(ex, plan) -> Memory:

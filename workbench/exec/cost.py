@@ -29,6 +29,7 @@ KERNEL_NAMES = {
     "GET_ROWS": "k_get_rows_float",
     "RMS_NORM": "rms_norm_f32",
     "RMS_NORM_MUL": "rms_norm_f32<mul>",
+    "RMS_NORM_MUL_ADD": "rms_norm_f32<mul,add>",
     "L2_NORM": "l2_norm_f32",
     "NORM_GATED": "rms_norm_f32<mul,silu>",
     "MUL": "k_bin_bcast<op_mul>",
@@ -46,12 +47,27 @@ KERNEL_NAMES = {
     "ROPE": "rope_f32",
     "MUL_MAT": "mul_mat_vec_f",
     "MUL_MAT_ID": "mul_mat_vec_f<ids>",
+    "MUL_MAT_ADD": "mul_mat_vec_f<bias>",
+    "MUL_MAT_GLU": "mul_mat_vec_f<gate,glu>",
+    "MUL_MAT_ID_GLU": "mul_mat_vec_f<ids,gate,glu>",
+    "ROPE_SET_ROWS": "rope_neox<set_rows>",
+    "ADD_CHAIN": "k_bin_bcast<op_add,op_add>",
+    "TOPK_MOE": "topk_moe_cuda",
     "SET_ROWS": "k_set_rows",
     "FLASH_ATTN_EXT": "flash_attn_ext_vec",
     "CPY": "cpy_flt",
     "SSM_CONV": "ssm_conv_f32",
     "GATED_DELTA_NET": "gated_delta_net_f32",
 }
+
+#: fused op -> (the op whose kernel it extends, the suffix of its ``cuda`` kernel's name): the
+#: fused kernel runs the base kernel's main loop with a longer prologue or epilogue, so the base
+#: op's measured correction applies to it, over the fused node's own bytes and flops
+FUSED_BASE = {"RMS_NORM_MUL_ADD": ("RMS_NORM", "_mul_add"),
+              "MUL_MAT_ADD": ("MUL_MAT", "_add"), "MUL_MAT_GLU": ("MUL_MAT", "_glu"),
+              "MUL_MAT_ID_GLU": ("MUL_MAT_ID", "_glu"),
+              "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain"),
+              "TOPK_MOE": ("ARGSORT_TOP_K", "")}
 
 _ELEMENTWISE_BLOCK = 256   # CUDA_*_BLOCK_SIZE of ggml's element-wise, copy, rope and set_rows kernels
 _FATTN_KQ_STRIDE = 256     # ggml's FATTN_KQ_STRIDE: KV rows one flash-attention block handles per pass
@@ -92,21 +108,22 @@ def kernel_name(node: Node) -> str:
 def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     """(blocks, threads per block) of ``node``'s kernel as llama.cpp launches it for one token."""
     op, dst = node.op, node.dst
-    rows = max(1, dst.numel // dst.shape[-1]) if dst.shape else 1
-    if op == "MUL_MAT":
+    if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU"):
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
-    if op == "MUL_MAT_ID":
+    if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
         return max(1, dst.numel), 256                      # rows of every selected expert
-    if op in ("RMS_NORM", "RMS_NORM_MUL", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS"):
+    if op in ("RMS_NORM", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K",
+              "SUM_ROWS", "TOPK_MOE"):
         src = node.srcs[0]
         ncols = src.shape[-1] if src.shape else 1
         nrows = max(1, src.numel // max(1, ncols))
-        if op in ("SOFT_MAX", "ARGSORT_TOP_K"):
+        if op in ("SOFT_MAX", "ARGSORT_TOP_K", "TOPK_MOE"):
             return nrows, min(1024, 1 << max(5, (ncols - 1).bit_length()))
         return nrows, (1024 if ncols >= 1024 else 32)      # ggml: a warp per row below 1024 columns
-    if op == "ROPE":
-        ne0 = dst.shape[-1]
-        return rows * ceil(ne0 / (2 * _ELEMENTWISE_BLOCK)), _ELEMENTWISE_BLOCK
+    if op in ("ROPE", "ROPE_SET_ROWS"):
+        x = node.srcs[0]                                   # the rotated rows (a cache is the fused dst)
+        ne0 = x.shape[-1]
+        return max(1, x.numel // ne0) * ceil(ne0 / (2 * _ELEMENTWISE_BLOCK)), _ELEMENTWISE_BLOCK
     if op == "FLASH_ATTN_EXT":
         q, k = node.srcs[0], node.srcs[1]
         n_head, n_kv = q.shape[-2], k.shape[0]
@@ -139,13 +156,16 @@ def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
     op has kernels of different speed, e.g. MUL_MAT's per-row and row-streaming mat-vecs), its
     ggml op (``op``), its kernel family (``family``), else none (``device``: plain roofline plus
     ``kernel_fixed_ns``). Ops come before families because a family lumps kernels of very
-    different cost (SOFT_MAX and ARGSORT_TOP_K, MUL_MAT and MUL_MAT_ID)."""
-    if any(k.startswith(f"{node.op}/") for k in cal.ops):
-        fc = cal.ops.get(f"{node.op}/{executor_kernel(node)}")
+    different cost (SOFT_MAX and ARGSORT_TOP_K, MUL_MAT and MUL_MAT_ID). A fused op of
+    ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue."""
+    op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
+    if any(k.startswith(f"{op}/") for k in cal.ops):
+        kernel = executor_kernel(node)
+        fc = cal.ops.get(f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}")
         if fc is not None:
             return "op/kernel", fc
-    if node.op in cal.ops:
-        return "op", cal.ops[node.op]
+    if op in cal.ops:
+        return "op", cal.ops[op]
     if node.family in cal.families:
         return "family", cal.families[node.family]
     return "device", None

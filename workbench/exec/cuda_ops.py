@@ -216,6 +216,11 @@ def _norm(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         w = node.srcs[1]
         args.append(arg(w, addr, *broadcast(w, x.shape)))
         views.append(w)
+    elif node.op == "RMS_NORM_MUL_ADD":  # rms-norm-mul's + add: the addend read like NORM_GATED's gate
+        name = "rms_norm_mul_add"
+        w, y = node.srcs[1], node.srcs[2]
+        args += [arg(w, addr, *broadcast(w, x.shape)), arg(y, addr, *like(y, x.shape, node.name))]
+        views += [w, y]
     elif node.op == "NORM_GATED":
         name = "norm_gated"
         w, z = node.srcs[1], node.srcs[2]
@@ -257,12 +262,78 @@ def _top_k(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     return KernelCall("topk", "k_argsort_top_k", (1,), (256,), (arg(d, addr), arg(x, addr), i32(k)), None, node.outs)
 
 
+#: experts the fused router kernel chooses at most (kernels/topk.cu k_topk_moe's shared arrays)
+TOPK_MOE_MAXK = 64
+
+
+def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """TOPK_MOE (topk-moe): the router chain in one block; outs = (weights, ids)."""
+    x = node.srcs[0]
+    w, ids = node.outs
+    n, k = x.shape[-1], int(node.params["k"])
+    if x.numel != n or n > 4096 or k > TOPK_MOE_MAXK or w.numel != k or ids.numel != k:
+        raise BindError(f"{node.name}: top-{k} (at most {TOPK_MOE_MAXK}) of one row of at most 4096 router "
+                        f"logits, got {x.shape} -> {w.shape}, {ids.shape}")
+    args = (arg(w, addr), arg(ids, addr), arg(x, addr), i32(k), i32(node.params["gating"] == "softmax"),
+            i32(bool(node.params["norm"])))
+    return KernelCall("topk", "k_topk_moe", (1,), (256,), args, None, node.outs)
+
+
 def _rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     x, pos, freqs = node.srcs
     d = node.dst
     args = (arg(d, addr, *like(d, x.shape, node.name)), arg(x, addr), arg(pos, addr), arg(freqs, addr),
             i32(node.params["n_rot"]), f32(node.params.get("attn_factor", 1.0)))
     return KernelCall("rope", "k_rope", _ew_grid(x.numel), (EW_THREADS,), args, None, node.outs)
+
+
+def _mul_mat_id_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """MUL_MAT_ID_GLU (mul-mat-glu of MoE experts): both experts' rows per selected expert,
+    swiglu in the epilogue; the scalar warp-per-output kernel for other layouts."""
+    wg, wu, x, ids = node.srcs
+    d = node.dst
+    if len(wg.shape) != 3 or wu.shape != wg.shape or wu.dtype != wg.dtype:
+        raise BindError(f"{node.name}: expert weights must be two [experts, out, in] of one layout, got "
+                        f"{wg.describe()}, {wu.describe()}")
+    if node.params.get("glu", "swiglu") != "swiglu":
+        raise BindError(f"{node.name}: the fused gate/up mat-vec computes swiglu only")
+    _, N, K = wg.shape
+    ga, ua, ia = arg(wg, addr), arg(wu, addr), arg(ids, addr)
+    xa = arg(x, addr, *_x_rows(x, K, node))
+    n_ids = ids.numel
+    if d.numel != n_ids * N:
+        raise BindError(f"{node.name}: {n_ids} experts x {N} outputs do not fill {d.shape}")
+    vec = _vec_width(wg.dtype)
+    if (vec and K % vec == 0 and x.dtype == "f32" and _aligned16(ga, wg.itemsize) and _aligned16(ua, wu.itemsize)
+            and _aligned16(xa, 4)):
+        splits = _mmv_splits(N, n_ids, K // vec)
+        return KernelCall("mul_mat", f"k_mul_mat_id_{wg.dtype}_glu", (ceil(N / (MMV_WARPS // splits)), n_ids),
+                          (32 * MMV_WARPS,), (arg(d, addr), ga, ua, xa, ia, i32(splits)), None, node.outs)
+    return KernelCall("mul_mat", "k_mul_mat_id_glu_generic", (ceil(n_ids * N / 8),), (256,),
+                      (arg(d, addr), ga, ua, xa, ia), None, node.outs)
+
+
+def _rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """ROPE_SET_ROWS (rope-set-rows): k_rope's rotation stored as k_set_rows stores rows."""
+    x, pos, freqs, idx = node.srcs
+    cache = node.dst
+    row = cache.numel // cache.shape[0]
+    if x.numel != idx.numel * row:
+        raise BindError(f"{node.name}: {x.numel} rotated elements do not fill {idx.numel} rows of {cache.shape}")
+    args = (rows_first(cache, addr), arg(x, addr), arg(pos, addr), arg(freqs, addr), arg(idx, addr),
+            i32(node.params["n_rot"]), f32(node.params.get("attn_factor", 1.0)))
+    return KernelCall("rope", "k_rope_set_rows", _ew_grid(x.numel), (EW_THREADS,), args, None, node.outs)
+
+
+def _add_chain(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """ADD_CHAIN (add-chain): 3 or 4 operands aligned to the result's shape, summed in order."""
+    d = node.dst
+    if not 3 <= len(node.srcs) <= 4:
+        raise BindError(f"{node.name}: k_add_chain sums 3 or 4 operands, got {len(node.srcs)}")
+    ops = [arg(s, addr, *broadcast(s, d.shape)) for s in node.srcs]
+    args = (arg(d, addr), *ops, *(ops[-1:] if len(ops) == 3 else ()), i32(len(ops)))
+    numba = ("add_chain", _ew_grid(d.numel), (EW_THREADS,)) if _all_f32(d, *node.srcs) else None
+    return KernelCall("elementwise", "k_add_chain", _ew_grid(d.numel), (EW_THREADS,), args, numba, node.outs)
 
 
 def _get_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
@@ -322,8 +393,15 @@ def _x_rows(x: View, K: int, node: Node) -> tuple[tuple[int, ...], tuple[int, ..
 
 
 def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """MUL_MAT, and MUL_MAT_ADD (mul-mat-add: the same kernels with the addend, aligned to the
+    result's flat index, added in the epilogue: the ``_add`` variants)."""
     w, x = node.srcs[0], node.srcs[1]
     d = node.dst
+    extra: tuple = ()
+    sfx = ""
+    if node.op == "MUL_MAT_ADD":
+        y = node.srcs[2]
+        extra, sfx = (arg(y, addr, *like(y, d.shape, node.name)),), "_add"
     K = w.shape[-1]
     N = w.numel // K
     wa = arg(w, addr)
@@ -335,22 +413,48 @@ def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
         if N >= MMV_ROWS_MIN:
             rpw = _rows_per_warp(N)
-            return KernelCall("mul_mat", f"k_mul_mat_vec_rows_{w.dtype}", (ceil(ceil(N / rpw) / MMV_WARPS), M),
-                              (32 * MMV_WARPS,), (arg(d, addr), wa, xa, i32(rpw)), None, node.outs)
+            return KernelCall("mul_mat", f"k_mul_mat_vec_rows_{w.dtype}{sfx}", (ceil(ceil(N / rpw) / MMV_WARPS), M),
+                              (32 * MMV_WARPS,), (arg(d, addr), wa, xa, i32(rpw), *extra), None, node.outs)
         splits = _mmv_splits(N, M, K // vec)
         grid = (ceil(N / (MMV_WARPS // splits)), M)
-        return KernelCall("mul_mat", f"k_mul_mat_vec_{w.dtype}", grid, (32 * MMV_WARPS,),
-                          (arg(d, addr), wa, xa, i32(splits)), None, node.outs)
-    return _mul_mat_fallback(node, addr, d, wa, xa, xa, M * N, has_ids=False)
+        return KernelCall("mul_mat", f"k_mul_mat_vec_{w.dtype}{sfx}", grid, (32 * MMV_WARPS,),
+                          (arg(d, addr), wa, xa, i32(splits), *extra), None, node.outs)
+    return _mul_mat_fallback(node, addr, d, wa, xa, xa, M * N, has_ids=False, extra=extra, sfx=sfx)
 
 
 def _mul_mat_fallback(node: Node, addr: Addr, d: View, wa: Arg, xa: Arg, ids: Arg, outputs: int,
-                      has_ids: bool) -> KernelCall:
-    args = (arg(d, addr), wa, xa, ids, i32(int(has_ids)))
+                      has_ids: bool, extra: tuple = (), sfx: str = "") -> KernelCall:
+    args = (arg(d, addr), wa, xa, ids, i32(int(has_ids)), *extra)
     itemsize = node.srcs[0].itemsize
     if wa.strides[3] != itemsize:  # K is the strided axis (input-major storage): thread per output
-        return KernelCall("mul_mat", "k_mul_mat_cols", (ceil(outputs / 128),), (128,), args, None, node.outs)
-    return KernelCall("mul_mat", "k_mul_mat_generic", (ceil(outputs / 8),), (256,), args, None, node.outs)
+        return KernelCall("mul_mat", f"k_mul_mat_cols{sfx}", (ceil(outputs / 128),), (128,), args, None, node.outs)
+    return KernelCall("mul_mat", f"k_mul_mat_generic{sfx}", (ceil(outputs / 8),), (256,), args, None, node.outs)
+
+
+def _mul_mat_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """MUL_MAT_GLU (mul-mat-glu): the block mat-vec over the gate and the up rows, swiglu in the
+    epilogue; the scalar warp-per-output kernel for layouts the vector loads cannot take."""
+    wg, wu, x = node.srcs
+    d = node.dst
+    K = wg.shape[-1]
+    N = wg.numel // K
+    if wu.shape != wg.shape or wu.dtype != wg.dtype:
+        raise BindError(f"{node.name}: gate {wg.describe()} and up {wu.describe()} differ")
+    if node.params.get("glu", "swiglu") != "swiglu":
+        raise BindError(f"{node.name}: the fused gate/up mat-vec computes swiglu only")
+    ga, ua = arg(wg, addr), arg(wu, addr)
+    xa = arg(x, addr, *_x_rows(x, K, node))
+    M = x.numel // K
+    if d.numel != M * N:
+        raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
+    vec = _vec_width(wg.dtype)
+    if (vec and K % vec == 0 and x.dtype == "f32" and _aligned16(ga, wg.itemsize) and _aligned16(ua, wu.itemsize)
+            and _aligned16(xa, 4)):
+        splits = _mmv_splits(N, M, K // vec)
+        return KernelCall("mul_mat", f"k_mul_mat_vec_{wg.dtype}_glu", (ceil(N / (MMV_WARPS // splits)), M),
+                          (32 * MMV_WARPS,), (arg(d, addr), ga, ua, xa, i32(splits)), None, node.outs)
+    return KernelCall("mul_mat", "k_mul_mat_glu_generic", (ceil(M * N / 8),), (256,),
+                      (arg(d, addr), ga, ua, xa), None, node.outs)
 
 
 def _mul_mat_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
@@ -450,7 +554,7 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     **{op: _binary for op in (*BINARY, "GLU")},
     **{op: _unary for op in (*UNARY, "SCALE")},
-    **{op: _norm for op in (*NORMS, "RMS_NORM_MUL", "NORM_GATED")},
+    **{op: _norm for op in (*NORMS, "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "NORM_GATED")},
     "SOFT_MAX": _soft_max,
     "SUM_ROWS": _sum_rows,
     "ARGSORT_TOP_K": _top_k,
@@ -459,6 +563,12 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "SET_ROWS": _set_rows,
     "ADD_ID": _add_id,
     "MUL_MAT": _mul_mat,
+    "MUL_MAT_ADD": _mul_mat,
+    "MUL_MAT_GLU": _mul_mat_glu,
+    "MUL_MAT_ID_GLU": _mul_mat_id_glu,
+    "ROPE_SET_ROWS": _rope_set_rows,
+    "ADD_CHAIN": _add_chain,
+    "TOPK_MOE": _topk_moe,
     "MUL_MAT_ID": _mul_mat_id,
     "FLASH_ATTN_EXT": _attn,
     "SSM_CONV": _ssm_conv,

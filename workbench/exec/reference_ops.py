@@ -10,7 +10,10 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from . import reference_gdn  # noqa: F401  (registers the gated-delta-net ops in NUMPY_OPS)
+from . import (
+    reference_fused,  # noqa: F401  (registers the fused ops of the Strategy fusions)
+    reference_gdn,  # noqa: F401  (registers the gated-delta-net ops in NUMPY_OPS)
+)
 from .memory import Memory
 from .reference_base import NUMPY_OPS, _out, _src, numpy_op, rms_norm, sigmoid, silu, softmax
 

@@ -74,6 +74,36 @@ def _set_rows_bytes(n: Node) -> float:
     return n.srcs[0].nbytes + n.srcs[0].numel * n.dst.itemsize + n.srcs[1].nbytes
 
 
+def _mul_mat_add_flops(n: Node) -> float:
+    # srcs = (w, x, addend): the mat-vec plus one add per output
+    return _mul_mat_flops(n) + n.dst.numel
+
+
+def _mul_mat_glu_flops(n: Node) -> float:
+    # srcs = (w_gate, w_up, x): two mat-vecs, then silu(gate) * up per output (as GLU)
+    w = n.srcs[0]
+    rows = max(1, n.srcs[2].numel // w.shape[-1])
+    return 2.0 * 2.0 * w.numel * rows + 6.0 * n.dst.numel
+
+
+def _mul_mat_id_glu_flops(n: Node) -> float:
+    # srcs = (w_gate, w_up, x, ids): two expert mat-vecs per selected expert, then the GLU
+    w = n.srcs[0]
+    return 2.0 * 2.0 * (w.numel // w.shape[0]) * n.srcs[3].numel + 6.0 * n.dst.numel
+
+
+def _mul_mat_id_glu_bytes(n: Node) -> float:
+    # the selected experts' rows of both weights, the activation, the ids and the result
+    used = min(1.0, n.srcs[3].numel / n.srcs[0].shape[0])
+    return (n.srcs[0].nbytes + n.srcs[1].nbytes) * used + n.srcs[2].nbytes + n.srcs[3].nbytes + n.dst.nbytes
+
+
+def _rope_set_rows_bytes(n: Node) -> float:
+    # srcs = (x, pos, freqs, row indices): reads x, writes x's elements as cache rows
+    x = n.srcs[0]
+    return float(sum(s.nbytes for s in n.srcs) + x.numel * n.dst.itemsize)
+
+
 def _attn_flops(n: Node) -> float:
     q, k = n.srcs[0], n.srcs[1]
     n_head, hd = q.shape[-2], q.shape[-1]
@@ -112,6 +142,7 @@ def _op(name: str, family: str, flops: Callable[[Node], float], nbytes: Callable
 _op("GET_ROWS", "get_rows", lambda n: 0.0, _get_rows_bytes)
 _op("RMS_NORM", "norm", _elementwise_flops(3))
 _op("RMS_NORM_MUL", "norm", _elementwise_flops(4))  # fused rms_norm + mul (rms-norm-mul rewrite)
+_op("RMS_NORM_MUL_ADD", "norm", _elementwise_flops(5))  # + the residual add (rms-norm-mul rewrite)
 _op("L2_NORM", "norm", _elementwise_flops(3))
 _op("NORM_GATED", "norm", _elementwise_flops(8))  # rms_norm(x) * w * silu(z) of the GDN output
 _op("MUL", "elementwise", _elementwise_flops(1))
@@ -129,6 +160,13 @@ _op("ROPE", "rope", _elementwise_flops(6))
 _op("MUL_MAT", "mul_mat", _mul_mat_flops)
 _op("MUL_MAT_ID", "mul_mat", _mul_mat_id_flops, _mul_mat_id_bytes)
 _op("SET_ROWS", "set_rows", lambda n: 0.0, _set_rows_bytes)
+# fused ops of the Strategy fusions (workbench/strategy/fusion.py), named after llama.cpp's
+_op("MUL_MAT_ADD", "mul_mat", _mul_mat_add_flops)          # mul-mat-add: mat-vec + bias / residual
+_op("MUL_MAT_GLU", "mul_mat", _mul_mat_glu_flops)          # mul-mat-glu: gate and up mat-vecs + swiglu
+_op("MUL_MAT_ID_GLU", "mul_mat", _mul_mat_id_glu_flops, _mul_mat_id_glu_bytes)  # mul-mat-glu of MoE experts
+_op("ROPE_SET_ROWS", "rope", lambda n: 6.0 * n.srcs[0].numel, _rope_set_rows_bytes)  # rope-set-rows: into the cache
+_op("TOPK_MOE", "softmax", lambda n: float(n.srcs[0].numel * 13), _multi_out_bytes)  # topk-moe fusion
+_op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1)))  # add-chain: a + b + c ...
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)
 _op("SILU", "elementwise", _elementwise_flops(4))

@@ -5,7 +5,7 @@
 | ``graphs`` off / on | ``GGML_CUDA_DISABLE_GRAPHS=1`` / unset (on) |
 | ``pdl`` off / on | ``GGML_CUDA_PDL=0`` / unset (on, every kernel through ``ggml_cuda_kernel_launch``) |
 | ``streams`` ``qkv`` | ``GGML_CUDA_GRAPH_OPT=1`` (acts only under CUDA graphs) |
-| ``fusion`` ``rms-norm-mul`` | fusion on: llama.cpp's whole fusion set; without it ``GGML_CUDA_DISABLE_FUSION=1`` |
+| ``fusion`` any but ``copy-elim`` | llama.cpp's whole fusion set on; with none, ``GGML_CUDA_DISABLE_FUSION=1`` |
 | ``fusion`` ``copy-elim`` (GDN) | on with the fusion set; off: ``PEER_DISABLE_GDN_FUSION=1`` (peer patch) |
 | ``sync`` ``boundary`` / ``implicit`` | ``PEER_SCHED_SYNC=<mode>`` (peer patch emulating PR 17795) |
 
@@ -20,7 +20,7 @@ import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..strategy import Strategy
+from ..strategy import FUSIONS, Strategy
 
 #: every variable this module may set: a worker's environment starts without them
 SWITCH_VARS = ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_PDL", "GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_FUSION",
@@ -80,7 +80,8 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
     if s.streams == "qkv" and not s.graphs:
         raise SwitchError("--streams qkv maps to GGML_CUDA_GRAPH_OPT, which acts only under CUDA graphs: "
                           "add --graphs")
-    if "copy-elim" in s.fusion and "rms-norm-mul" not in s.fusion:
+    fused = sorted(s.fusion - {"copy-elim"})  # llama.cpp's own set: one switch for all of it
+    if "copy-elim" in s.fusion and not fused:
         raise SwitchError("llama.cpp removes the GDN state copy (--fusion copy-elim) only inside its fusion pass: "
                           "use --fusion copy-elim,rms-norm-mul")
     gpu_knobs = [k for k, on in (("--graphs", s.graphs), ("--pdl", s.pdl), ("--streams qkv", s.streams == "qkv"),
@@ -97,12 +98,15 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
         env["GGML_CUDA_PDL"] = "0"
     if s.streams == "qkv":
         env["GGML_CUDA_GRAPH_OPT"] = "1"
-    if "rms-norm-mul" in s.fusion:
+    if fused:
         notes.append("fusion: GGML_CUDA_DISABLE_FUSION unset turns on llama.cpp's whole fusion set "
                      "(rms_norm+mul, add chains, rope+set_rows, top-k MoE, GDN copy removal, ...)")
+        rest = sorted(set(FUSIONS) - s.fusion - {"copy-elim"})
+        if rest:
+            notes.append(f"fusion: llama.cpp cannot turn its fusions on one by one: {', '.join(rest)} run as well")
         if has_gdn and "copy-elim" not in s.fusion:
             if not build.gdn_fusion_patch:
-                raise SwitchError("keeping the GDN state copy while fusing (--fusion rms-norm-mul without "
+                raise SwitchError(f"keeping the GDN state copy while fusing (--fusion {','.join(fused)} without "
                                   f"copy-elim) needs the peer patch PEER_DISABLE_GDN_FUSION, which {build.folder} "
                                   "lacks; add copy-elim or rebuild from the patched peer tree")
             env["PEER_DISABLE_GDN_FUSION"] = "1"

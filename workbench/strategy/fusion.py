@@ -1,8 +1,13 @@
-"""Graph rewrites selected by ``Strategy.fusion``: ``rms-norm-mul`` and generic copy elimination.
+"""Graph rewrites selected by ``Strategy.fusion``: llama.cpp's fusion set (``ggml_cuda_try_fuse``)
+and generic copy elimination.
 
-Each pass is a pure function Graph -> (Graph, removed node names). Node names survive a
-rewrite (the fused node takes the MUL's name, a copy-eliminated producer keeps its own), so
-stream forks, traces and the race report still speak the model's vocabulary.
+Each pass is a pure function Graph -> (Graph, removed node names), matching the graph's
+structure (ops and byte ranges), never node names. Node names survive a rewrite: a fused node
+takes the name of the node whose result it writes (the MUL of rms-norm-mul, the ADD of
+mul-mat-add, the GLU of mul-mat-glu, the SET_ROWS of rope-set-rows, the last ADD of add-chain,
+the router chain's last node of topk-moe), a copy-eliminated producer keeps its own, so stream
+forks, traces and the race report still speak the model's vocabulary. The chain passes live in
+``fusion_chains``, the router's in ``fusion_moe``.
 """
 
 from __future__ import annotations
@@ -11,16 +16,11 @@ from collections.abc import Callable, Iterable
 
 from ..graph import Graph, Node, View
 from .deps import accesses_by_buffer, readers_of, touchers_between
+from .fusion_chains import fuse_add_chain, fuse_mul_mat_add, fuse_mul_mat_glu, fuse_norm_mul_add, fuse_rope_set_rows
+from .fusion_moe import fuse_topk_moe
+from .rewrite import output_buffers, with_nodes
 
-
-def with_nodes(graph: Graph, nodes: list[Node]) -> Graph:
-    """The same graph (tables shared, meta copied) over a new node list."""
-    return Graph(graph.name, nodes, graph.inputs, graph.outputs, graph.weights, graph.caches,
-                 graph.consts, dict(graph.meta))
-
-
-def _output_buffers(graph: Graph) -> set[str]:
-    return {v.buffer.name for v in graph.outputs.values()}
+__all__ = ["PASSES", "apply_fusions", "eliminate_copies", "fuse_rms_norm_mul", "with_nodes"]
 
 
 def fuse_rms_norm_mul(graph: Graph) -> tuple[Graph, list[str]]:
@@ -32,7 +32,7 @@ def fuse_rms_norm_mul(graph: Graph) -> tuple[Graph, list[str]]:
     """
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
-    outputs = _output_buffers(graph)
+    outputs = output_buffers(graph)
     replace: dict[int, Node] = {}
     drop: set[int] = set()
     for i, n in enumerate(nodes):
@@ -97,7 +97,7 @@ def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
     """
     removed: list[str] = []
     nodes = list(graph.nodes)
-    outputs = _output_buffers(graph)
+    outputs = output_buffers(graph)
     changed = True
     while changed:
         changed = False
@@ -150,11 +150,26 @@ def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
     return with_nodes(graph, nodes), removed
 
 
-#: Strategy.fusion name -> rewrite, applied in this order.
+#: Strategy.fusion name -> rewrite, applied in this order: the mat-vec epilogues first (a GLU's
+#: gate and up are plain MUL_MATs only before mul-mat-add takes their bias ADDs), copy
+#: elimination last (it redirects whatever op the other passes left producing a copied tensor).
 PASSES: dict[str, Callable[[Graph], tuple[Graph, list[str]]]] = {
-    "rms-norm-mul": fuse_rms_norm_mul,
+    "mul-mat-glu": fuse_mul_mat_glu,
+    "mul-mat-add": fuse_mul_mat_add,
+    "rope-set-rows": fuse_rope_set_rows,
+    "add-chain": fuse_add_chain,
+    "topk-moe": fuse_topk_moe,
+    "rms-norm-mul": lambda g: _then(fuse_rms_norm_mul, fuse_norm_mul_add, g),
     "copy-elim": eliminate_copies,
 }
+
+
+def _then(first: Callable[[Graph], tuple[Graph, list[str]]], second: Callable[[Graph], tuple[Graph, list[str]]],
+          graph: Graph) -> tuple[Graph, list[str]]:
+    """Two passes of one knob, in order; the removed names of both."""
+    graph, a = first(graph)
+    graph, b = second(graph)
+    return graph, a + b
 
 
 def apply_fusions(graph: Graph, names: Iterable[str]) -> tuple[Graph, list[str]]:

@@ -14,7 +14,8 @@ SYNC_MODES = ("per-copy", "boundary", "implicit")          # PR #17795
 STREAM_MODES = ("single", "qkv", "auto")                   # PR #16991
 PDL_WAITS = ("start", "first-read", "late")                # PDL (b9254); late = a race, to study it
 PDL_TRIGGERS = ("start", "after-main-loop", "end", "none")  # llama.cpp's PDL change (b9254)
-FUSIONS = ("copy-elim", "rms-norm-mul")                    # PR #23940 and ggml's classic fusion
+#: PR #23940's copy removal, then llama.cpp's fusion set (ggml_cuda_try_fuse), each its own knob
+FUSIONS = ("copy-elim", "rms-norm-mul", "mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe")
 ALLOCATORS = ("serial-reuse", "stream-aware", "no-reuse")  # PR #16991's buffer-lifetime discussion
 
 

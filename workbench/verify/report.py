@@ -12,6 +12,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any
 
+from ..strategy.fusion_chains import FUSED_OPS
 from ..strategy.plan import Plan
 from .accesses import Access, AccessTable
 from .hb import HappensBefore, Op
@@ -23,6 +24,7 @@ CAUSES = {
     "pdl-trigger": "an early PDL read of a kernel that is not the predecessor, let in by an early trigger",
     "allocator-reuse": "the allocator gave two tensors the same bytes while their users run concurrently",
     "copy-elim": "a copy-eliminated op writes into a view another stream uses, with no event",
+    "fusion": "a fused kernel reads a tensor of another stream that only a node it absorbed was ordered after",
     "missing-event": "a cross-stream dependency without an event record -> wait",
     "host-rewrite": "the host rewrites a staging buffer an async copy may still read",
     "host-read": "the host reads a buffer an async copy may still write",
@@ -266,6 +268,18 @@ class Explainer:
                         f"nothing orders {streams}",
                         f"record an event after {oa.name} on {oa.where()} and wait on it on {ob.where()} "
                         f"before {ob.name}, or keep the CPY for {writer.name}")
+            fused = next((o for o, acc in ((ob, b), (oa, a)) if _inherited_read(o, acc)), None)
+            if fused is not None:
+                other = oa if fused is ob else ob
+                verb = "writes" if (a if other is oa else b).write else "reads"
+                return ("fusion",
+                        f"{fused.name} ({fused.launch.node.op}, --fusion {FUSED_OPS[fused.launch.node.op]}) reads "
+                        f"{what} that {other.name} on {other.where()} {verb}: "
+                        f"the fused kernel reads it for {', '.join(fused.launch.node.params['fused'])}, which it "
+                        f"absorbed, but nothing orders it after {other.name} (it kept the events of its last "
+                        f"node, not those of the first)",
+                        f"schedule the fused graph (streams and events from its own hazards): make {fused.where()} "
+                        f"wait on an event recorded after {other.name} before {fused.name}")
             return ("missing-event",
                     f"{ob.name} on {ob.where()} {b.mode}s {what} that {oa.name} on {oa.where()} "
                     f"{'writes' if a.write else 'reads'}, but no event record -> wait path leads from "
@@ -279,6 +293,14 @@ class Explainer:
     def _token_synced(self, oa: Op, ob: Op) -> bool:
         """True when the last op of ``oa``'s token on ``oa``'s stream ends before ``ob`` starts."""
         return self.hb.before(self._last[(oa.token, oa.lane)].end, ob.start)
+
+
+def _inherited_read(op: Op, acc: Access) -> bool:
+    """``acc`` is a fused node's read of a source it inherited from a node it absorbed."""
+    node = op.launch.node if op.launch is not None else None
+    if node is None or node.op not in FUSED_OPS or acc.write or not acc.role.startswith("reads src "):
+        return False
+    return int(acc.role.rsplit(" ", 1)[1]) in node.params.get("inherited", ())
 
 
 def _overlap(a: Access, b: Access, strided: bool) -> tuple[int, int]:

@@ -18,7 +18,10 @@ AUTO_MAX_STREAMS = (2, 3, 4)
 
 
 def fusion_sets() -> list[frozenset[str]]:
-    return [frozenset(c) for k in range(len(FUSIONS) + 1) for c in itertools.combinations(FUSIONS, k)]
+    """No fusion, each fusion alone and all of them: every rewrite is checked by itself and in
+    the company of all the others, without the 2^n subsets (each pass rewrites only its own
+    pattern; where passes compete for a node, the full set is the case that combines them)."""
+    return [frozenset(), *(frozenset({f}) for f in FUSIONS), frozenset(FUSIONS)]
 
 
 def pdl_options() -> list[dict]:

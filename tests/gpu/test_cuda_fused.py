@@ -1,0 +1,230 @@
+"""Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
+topk-moe, rms-norm-mul's + add) node by node against its NumPy twin, in every kernel variant its
+binding can pick: the block (two warps per row at K = 2048) and row-streaming mat-vecs and both
+fallbacks with the addend, the gate/up mat-vec per weight dtype and its fallback (dense and MoE
+experts), the rope into f16 / bf16 / f32 caches with partial rotation, 3- and 4-operand add
+chains with a broadcast operand, the MoE router chain with either gating (expert ids compared
+exactly), the post-norm residual (CUDA C kernels, and the Numba twins of the elementwise and
+norm families).
+
+Small graphs are built in the unfused form, the real fusion pass rewrites them, and the fused
+node runs alone on the GPU over a copy of the same bytes the reference op reads. Tolerance:
+relative to the largest reference value, 5e-3 as tests/gpu/test_cuda_nodes.py (fp32 compute on
+both sides, different summation order; f16 / bf16 storage of a cache row may round the other
+way by half an ulp: 2^-8 relative for bf16).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.exec import cuda_ops
+from workbench.exec.memory import Memory
+from workbench.exec.reference_ops import NUMPY_OPS
+from workbench.graph import GraphBuilder, View
+from workbench.strategy.fusion import PASSES
+from workbench.strategy.fusion_chains import FUSED_OPS
+
+TOL = 5e-3
+RNG = np.random.default_rng(7)
+
+
+def _mul_mat_add(wdt: str, n: int, k: int, input_major: bool = False):
+    b = GraphBuilder("mma")
+    x = b.input("x", (1, k), "f32")
+    res = b.input("res", (1, n), "f32")
+    if input_major:  # gpt-oss-style [in, out] storage read through a transposed view
+        w = b.weight("w", (k, n), wdt).permute(1, 0)
+    else:
+        w = b.weight("w", (n, k), wdt)
+    h = b.op("MUL_MAT", "proj", [w, x], (1, n))
+    b.output("logits", b.op("ADD", "proj_res", [h, res], (1, n), kind="output"))
+    return b.build()
+
+
+def _mul_mat_glu(wdt: str, n: int, k: int):
+    b = GraphBuilder("glu")
+    x = b.input("x", (1, k), "f32")
+    g = b.op("MUL_MAT", "ffn_gate", [b.weight("wg", (n, k), wdt), x], (1, n))
+    u = b.op("MUL_MAT", "ffn_up", [b.weight("wu", (n, k), wdt), x], (1, n))
+    b.output("logits", b.op("GLU", "ffn_act", [g, u], (1, n), kind="output", glu="swiglu"))
+    return b.build()
+
+
+def _mul_mat_id_glu(wdt: str, n: int, k: int, experts: int = 8, used: int = 2):
+    b = GraphBuilder("glu-id")
+    x = b.input("x", (1, k), "f32")
+    ids = b.input("ids", (1, used), "i32")
+    up = b.op("MUL_MAT_ID", "ffn_moe_up", [b.weight("wu", (experts, n, k), wdt), x, ids], (used, n))
+    gate = b.op("MUL_MAT_ID", "ffn_moe_gate", [b.weight("wg", (experts, n, k), wdt), x, ids], (used, n))
+    b.output("logits", b.op("GLU", "ffn_moe_swiglu", [gate, up], (used, n), kind="output", glu="swiglu"))
+    return b.build()
+
+
+def _rope_set_rows(cdt: str, n_rot: int):
+    b = GraphBuilder("rsr")
+    heads, hd = 4, 32
+    x = b.input("x", (heads, hd), "f32")
+    pos = b.input("inp_pos", (1,), "i32")
+    idx = b.input("inp_kv_idx", (1,), "i64")
+    freqs = b.const("rope_freqs", (n_rot // 2,), "f32")
+    cache = b.cache("cache_k", (8, heads * hd), cdt)
+    k = b.op("ROPE", "k_rope", [x, pos, freqs], (heads, hd), n_rot=n_rot, attn_factor=1.0)
+    b.node("SET_ROWS", "k_store", [k.reshape((1, heads * hd)), idx], [cache])
+    b.output("logits", b.op("SCALE", "result_output", [x], (heads, hd), kind="output", s=1.0))
+    return b.build()
+
+
+def _add_chain(operands: int):
+    b = GraphBuilder("chain")
+    xs = [b.input(f"x{i}", (2, 64), "f32") for i in range(operands - 1)]
+    bias = b.input("bias", (64,), "f32")
+    s = b.op("ADD", "sum_0", [xs[0], bias], (2, 64))
+    for i in range(1, operands - 1):
+        s = b.op("ADD", f"sum_{i}", [s, xs[i]], (2, 64))
+    b.output("logits", b.op("SCALE", "result_output", [s], (2, 64), kind="output", s=1.0))
+    return b.build()
+
+
+def _topk_moe(n: int, k: int, gating: str):
+    """llama.cpp's build_moe_ffn router: Qwen3's (softmax, top-k, gather, renormalise) or
+    gpt-oss's (top-k of the logits, gather, softmax of the chosen)."""
+    b = GraphBuilder("router")
+    logits = b.input("x", (1, n), "f32")
+    probs = b.op("SOFT_MAX", "probs", [logits], (1, n)) if gating == "softmax" else logits
+    ids = b.op("ARGSORT_TOP_K", "topk", [probs], (1, k), dtype="i32", k=k)
+    w = b.op("GET_ROWS", "weights", [probs.reshape((n, 1)), ids], (k, 1))
+    if gating == "softmax":
+        row = w.reshape((1, k))
+        total = b.op("SUM_ROWS", "weights_sum", [row], (1, 1))
+        w = b.op("DIV", "weights_norm", [row, total], (1, k))
+    else:
+        w = b.op("SOFT_MAX", "weights_softmax", [w.reshape((1, k))], (1, k))
+    b.output("logits", b.op("SCALE", "result_output", [w], (1, k), kind="output", s=1.0))
+    return b.build()
+
+
+def _post_norm(cols: int):
+    """llama.cpp's rms_norm + mul + add: a post-norm added to the residual."""
+    from workbench.models.blocks import rms_norm
+
+    b = GraphBuilder("post-norm")
+    h = b.input("h", (2, cols), "f32")
+    normed = rms_norm(b, h, b.weight("w_norm", (cols,), "f32"), 1e-6, "post_norm")
+    b.output("logits", b.op("ADD", "l_out", [normed, b.input("res", (2, cols), "f32")], (2, cols), kind="output"))
+    return b.build()
+
+
+#: case id -> (fusion, graph, the kernel its binding must pick)
+CASES = {
+    **{f"mma-block-{dt}": ("mul-mat-add", lambda dt=dt: _mul_mat_add(dt, 256, 2048), f"k_mul_mat_vec_{dt}_add")
+       for dt in ("f16", "bf16", "f32")},
+    "mma-rows-f16": ("mul-mat-add", lambda: _mul_mat_add("f16", 8192, 256), "k_mul_mat_vec_rows_f16_add"),
+    "mma-generic": ("mul-mat-add", lambda: _mul_mat_add("f16", 96, 100), "k_mul_mat_generic_add"),
+    "mma-cols": ("mul-mat-add", lambda: _mul_mat_add("f16", 96, 128, input_major=True), "k_mul_mat_cols_add"),
+    **{f"glu-{dt}": ("mul-mat-glu", lambda dt=dt: _mul_mat_glu(dt, 384, 2048), f"k_mul_mat_vec_{dt}_glu")
+       for dt in ("f16", "bf16", "f32")},
+    "glu-tall-f16": ("mul-mat-glu", lambda: _mul_mat_glu("f16", 8192, 256), "k_mul_mat_vec_f16_glu"),
+    "glu-generic": ("mul-mat-glu", lambda: _mul_mat_glu("f16", 96, 100), "k_mul_mat_glu_generic"),
+    **{f"glu-id-{dt}": ("mul-mat-glu", lambda dt=dt: _mul_mat_id_glu(dt, 256, 2048), f"k_mul_mat_id_{dt}_glu")
+       for dt in ("f16", "bf16", "f32")},
+    "glu-id-generic": ("mul-mat-glu", lambda: _mul_mat_id_glu("f16", 96, 100), "k_mul_mat_id_glu_generic"),
+    **{f"rope-set-rows-{dt}": ("rope-set-rows", lambda dt=dt: _rope_set_rows(dt, 32), "k_rope_set_rows")
+       for dt in ("f16", "bf16", "f32")},
+    "rope-set-rows-partial": ("rope-set-rows", lambda: _rope_set_rows("f16", 16), "k_rope_set_rows"),
+    "topk-moe-softmax": ("topk-moe", lambda: _topk_moe(128, 8, "softmax"), "k_topk_moe"),
+    "topk-moe-softmax-wide": ("topk-moe", lambda: _topk_moe(512, 10, "softmax"), "k_topk_moe"),
+    "topk-moe-softmax-weight": ("topk-moe", lambda: _topk_moe(32, 4, "softmax_weight"), "k_topk_moe"),
+    "rms-norm-mul-add": ("rms-norm-mul", lambda: _post_norm(2048), "k_rms_norm_mul_add"),
+    "rms-norm-mul-add-short": ("rms-norm-mul", lambda: _post_norm(96), "k_rms_norm_mul_add"),
+    "add-chain-3": ("add-chain", lambda: _add_chain(3), "k_add_chain"),
+    "add-chain-4": ("add-chain", lambda: _add_chain(4), "k_add_chain"),
+}
+
+
+class DeviceSpace:
+    """Every buffer of a graph at a 256-byte aligned offset of one host byte array and of its
+    device copy: ``mem`` is the reference Memory over the host bytes, ``addr`` the device address."""
+
+    def __init__(self, graph, cp) -> None:
+        self.base, top = {}, 0
+        bufs = list(graph.buffers().values())
+        for buf in bufs:
+            self.base[buf.name] = top
+            top += -(-buf.nbytes // 256) * 256
+        self.host = np.zeros(top, np.uint8)
+        self.mem = Memory()
+        for buf in bufs:
+            self.mem.arrays[buf.name] = self.host[self.base[buf.name]: self.base[buf.name] + buf.nbytes]
+        self.cp = cp
+        self.dev = None
+
+    def upload(self) -> None:
+        self.dev = self.cp.asarray(self.host)
+
+    def addr(self, v: View) -> int:
+        return int(self.dev.data.ptr) + self.base[v.buffer.name] + v.offset
+
+    def device_memory(self) -> Memory:
+        m = Memory()
+        back = self.cp.asnumpy(self.dev)
+        for name, start in self.base.items():
+            m.arrays[name] = back[start: start + self.mem.arrays[name].size]
+        return m
+
+
+def _fill(graph, mem: Memory) -> None:
+    for name, v in {**graph.inputs, **graph.weights, **graph.consts, **graph.caches}.items():
+        if name == "ids":  # distinct experts
+            mem.write(v, (np.arange(v.numel) * 3 + 1).reshape(v.shape))
+        elif v.dtype in ("i32", "i64"):
+            mem.write(v, np.array([5 if "pos" in name else 3]).reshape(v.shape))
+        elif name == "rope_freqs":
+            mem.write(v, (1e4 ** -(np.arange(v.numel) / v.numel)).astype(np.float32))
+        else:
+            # the full bytes of the buffer (a transposed weight view covers them all)
+            full = View.of(v.buffer, (v.buffer.nbytes // v.itemsize,), v.dtype)
+            mem.write(full, RNG.standard_normal(full.shape).astype(np.float32) * 0.5)
+
+
+#: (case, kernel set): every case on the CUDA C kernels, the Numba twins where the family has one
+NUMBA = ("add-chain", "rms-norm-mul")
+RUNS = [(c, "cupy") for c in CASES] + [(c, "numba") for c, (f, _, _) in CASES.items() if f in NUMBA]
+
+
+@pytest.mark.parametrize("case,kernels", RUNS, ids=[f"{c}-{k}" for c, k in RUNS])
+def test_fused_kernel_matches_reference(case, kernels):
+    import cupy as cp
+
+    from workbench.exec.kernels import LaunchHandle, NumbaLaunch, module_cache, numba_module
+
+    fusion, build, want_kernel = CASES[case]
+    graph, removed = PASSES[fusion](build())
+    assert removed, f"{case}: {fusion} did not fuse"
+    node = next(n for n in graph.nodes if n.op in FUSED_OPS)  # the one fused node of the case
+    space = DeviceSpace(graph, cp)
+    _fill(graph, space.mem)
+    space.upload()
+    call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
+    assert call.name == want_kernel, (case, call.name)
+    assert (call.numba is not None) == (fusion in NUMBA), call
+    stream = cp.cuda.Stream(non_blocking=True)
+    if kernels == "numba":
+        name, grid, block = call.numba
+        NumbaLaunch(name, numba_module().KERNELS[name], grid, block, stream.ptr, call.args)()
+    else:
+        cc = cp.cuda.Device().compute_capability
+        fn = module_cache((int(cc[0]), int(cc[1]))).function(call.source, call.name)
+        LaunchHandle(call.name, fn, call.grid, call.block, stream.ptr, call.args, pdl=False)()
+    stream.synchronize()
+    NUMPY_OPS[node.op](node, space.mem)
+    gpu = space.device_memory()
+    for out in node.outs:
+        if out.dtype in ("i32", "i64"):  # expert ids: exact
+            np.testing.assert_array_equal(gpu.read(out), space.mem.read(out), err_msg=f"{case} ({call.name})")
+            continue
+        ref, got = space.mem.read(out).astype(np.float64), gpu.read(out).astype(np.float64)
+        scale = max(np.abs(ref).max(), 1e-6)
+        err = float(np.abs(got - ref).max() / scale) if np.isfinite(got).all() else float("inf")
+        assert err <= TOL, f"{case} ({call.name}): rel err {err:.3g}"

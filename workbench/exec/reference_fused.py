@@ -1,0 +1,95 @@
+"""NumPy twins of the fused ops of the Strategy fusions (``strategy/fusion_chains.py``).
+
+Each computes exactly what the nodes it replaces computed, in the same order of float32
+operations, so a fused Plan's reference logits equal the unfused ones (the tests compare them).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+from ..graph import Node
+from .memory import Memory
+from .reference_base import _out, _src, numpy_op, rms_norm, silu, softmax
+
+
+def _mat_vec(w: np.ndarray, x: np.ndarray) -> np.ndarray:
+    # as MUL_MAT's twin: an N-d weight view flattens to [out, in]
+    return x @ w.reshape(-1, w.shape[-1]).T
+
+
+@numpy_op("RMS_NORM_MUL_ADD")
+def op_rms_norm_mul_add(node: Node, mem: Memory) -> None:
+    _out(node, mem, rms_norm(_src(node, mem, 0), node.params["eps"]) * _src(node, mem, 1) + _src(node, mem, 2))
+
+
+@numpy_op("MUL_MAT_ADD")
+def op_mul_mat_add(node: Node, mem: Memory) -> None:
+    w, x, y = (_src(node, mem, i) for i in range(3))
+    _out(node, mem, _mat_vec(w, x).reshape(y.shape) + y)
+
+
+@numpy_op("MUL_MAT_GLU")
+def op_mul_mat_glu(node: Node, mem: Memory) -> None:
+    wg, wu, x = (_src(node, mem, i) for i in range(3))
+    kind = node.params.get("glu", "swiglu")
+    if kind != "swiglu":
+        raise ValueError(f"{node.name}: MUL_MAT_GLU computes swiglu, not {kind!r}")
+    _out(node, mem, silu(_mat_vec(wg, x)) * _mat_vec(wu, x))
+
+
+@numpy_op("MUL_MAT_ID_GLU")
+def op_mul_mat_id_glu(node: Node, mem: Memory) -> None:
+    """silu(gate) * up per selected expert, each product as MUL_MAT_ID's twin computes it."""
+    from ..models.weights import to_float32
+
+    wg, wu = node.srcs[:2]
+    ids = mem.read(node.srcs[3]).astype(np.int64).reshape(-1)
+    x = _src(node, mem, 2).reshape(-1, wg.shape[-1])
+    gate = np.empty((len(ids), wg.shape[1]), np.float32)
+    up = np.empty_like(gate)
+    rg, ru = mem.raw(wg), mem.raw(wu)
+    for i, e in enumerate(ids):
+        xi = x[i if x.shape[0] > 1 else 0]
+        gate[i] = to_float32(rg[e], wg.dtype) @ xi
+        up[i] = to_float32(ru[e], wu.dtype) @ xi
+    _out(node, mem, silu(gate) * up)
+
+
+@numpy_op("ROPE_SET_ROWS")
+def op_rope_set_rows(node: Node, mem: Memory) -> None:
+    from .reference_ops import rope
+
+    x = _src(node, mem, 0)
+    pos = int(mem.read(node.srcs[1]).reshape(-1)[0])
+    rot = rope(x, pos, _src(node, mem, 2), node.params["n_rot"], node.params.get("attn_factor", 1.0))
+    idx = mem.read(node.srcs[3]).astype(np.int64).reshape(-1)
+    cache = node.outs[0]
+    for r, i in zip(rot.reshape(len(idx), -1), idx):
+        mem.write(cache.slice(0, int(i), int(i) + 1), r.reshape(1, -1))
+
+
+@numpy_op("ADD_CHAIN")
+def op_add_chain(node: Node, mem: Memory) -> None:
+    total = _src(node, mem, 0) + _src(node, mem, 1)
+    for i in range(2, len(node.srcs)):
+        total = total + _src(node, mem, i)
+    _out(node, mem, total)
+
+
+@numpy_op("TOPK_MOE")
+def op_topk_moe(node: Node, mem: Memory) -> None:
+    """outs = (weights, ids): the router chain's float32 steps in order (softmax, stable top-k,
+    gather, softmax of the chosen for ``softmax_weight``, renormalisation for ``norm``)."""
+    k = node.params["k"]
+    x = _src(node, mem, 0)
+    probs = softmax(x) if node.params["gating"] == "softmax" else x
+    flat = probs.reshape(-1)
+    ids = np.argsort(-flat, kind="stable")[:k]
+    w = flat[ids].reshape(1, k)
+    if node.params["gating"] == "softmax_weight":
+        w = softmax(w)
+    if node.params["norm"]:
+        w = w / w.sum(axis=-1)
+    _out(node, mem, w, 0)
+    _out(node, mem, ids.astype(np.int32), 1)

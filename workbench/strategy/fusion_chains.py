@@ -1,0 +1,216 @@
+"""llama.cpp's chain fusions (``ggml_cuda_try_fuse``) as pure graph rewrites.
+
+Each pass finds an op whose only result is read by exactly one later node of the right kind
+and replaces the pair (or chain) by one fused node at the position of the last node, writing
+that node's result. A node in between must not write anything the fused node reads (it reads
+it later than the first node did); everything is matched on ops and byte ranges.
+
+* ``mul-mat-glu``: two MUL_MATs of the same activation feeding one ``swiglu`` GLU (FFN gate
+  and up) -> ``MUL_MAT_GLU`` (ggml's fused gate/up mat-vec); two MUL_MAT_IDs of the same
+  activation and expert ids (MoE gate and up) -> ``MUL_MAT_ID_GLU``.
+* ``rms-norm-mul`` (+ add): an ``RMS_NORM_MUL`` whose result one ADD adds to a tensor of the
+  same shape -> ``RMS_NORM_MUL_ADD`` (ggml's rms_norm + mul + add).
+* ``mul-mat-add``: a MUL_MAT whose result one ADD adds to a tensor of the same shape (a bias,
+  or the residual) -> ``MUL_MAT_ADD`` (ggml's mul_mat + add ``x_bias`` epilogue).
+* ``rope-set-rows``: a ROPE whose result one SET_ROWS stores into a cache -> ``ROPE_SET_ROWS``
+  (ggml's rope + view + set_rows: K is rotated straight into its KV-cache row).
+* ``add-chain``: ADDs each adding one more operand to the previous sum -> ``ADD_CHAIN``
+  (ggml's multi-add, up to ``MAX_ADD_OPERANDS`` operands).
+"""
+
+from __future__ import annotations
+
+from ..graph import Graph, Node
+from .deps import accesses_by_buffer
+from .rewrite import last_writer, operand_slot, output_buffers, sole_reader, stable_between, with_nodes
+
+#: fused op -> the Strategy fusion that creates it (the race report names the fusion)
+FUSED_OPS = {"RMS_NORM_MUL_ADD": "rms-norm-mul",
+             "MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "MUL_MAT_ID_GLU": "mul-mat-glu",
+             "ROPE_SET_ROWS": "rope-set-rows", "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe"}
+#: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
+MAX_ADD_OPERANDS = 4
+#: the GLU kinds the fused mat-vec's epilogue computes (kernels/mul_mat.cu)
+GLU_KINDS = ("swiglu",)
+
+
+def fused_params(base: dict, absorbed: list[Node], inherited: tuple[int, ...]) -> dict:
+    """A fused node's params: ``fused`` names the nodes it absorbed, ``inherited`` the indices of
+    its sources that only those nodes read before (the race report blames the fusion for a race
+    on one of them: the fused kernel reads it later, at the position of the last node)."""
+    return {**base, "fused": tuple(n.name for n in absorbed), "inherited": inherited}
+
+
+def _rebuild(graph: Graph, replace: dict[int, Node], drop: set[int]) -> tuple[Graph, list[str]]:
+    nodes = graph.nodes
+    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
+    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
+
+
+def _writes_apart(out: Node, srcs: tuple) -> bool:
+    """The fused node's result overlaps none of its sources (no in-place fused kernels)."""
+    return not any(o.overlaps(s) for o in out.outs for s in srcs)
+
+
+def fuse_norm_mul_add(graph: Graph) -> tuple[Graph, list[str]]:
+    """``RMS_NORM_MUL(x, w)`` read only by ``ADD(normed, y)`` with ``y`` of the same shape ->
+    ``RMS_NORM_MUL_ADD`` (x, w, y): llama.cpp's rms_norm + mul + add (a post-norm added to the
+    residual), the second step of ``rms-norm-mul``."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "RMS_NORM_MUL":
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+            continue
+        a = nodes[j]
+        k = operand_slot(a, n.dst)
+        if k is None or a.srcs[k].shape != n.srcs[0].shape:
+            continue
+        other = a.srcs[1 - k]
+        if other.shape != a.srcs[k].shape:
+            continue
+        srcs = (*n.srcs, other)
+        if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
+            continue
+        replace[j] = Node(a.name, "RMS_NORM_MUL_ADD", srcs, a.outs, fused_params({**n.params, **a.params}, [n], (0, 1)))
+        drop.add(i)
+    return _rebuild(graph, replace, drop)
+
+
+def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
+    """``MUL_MAT(w, x)`` read only by ``ADD(mm, y)`` with ``y`` of the same shape -> ``MUL_MAT_ADD``
+    (w, x, y): the addend is added in the mat-vec's epilogue (llama.cpp requires the same shape
+    too, which covers a projection's bias and the residual add after attn_out / ffn_out)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "MUL_MAT":
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+            continue
+        a = nodes[j]
+        k = operand_slot(a, n.dst)
+        if k is None:
+            continue
+        other = a.srcs[1 - k]
+        if other.shape != a.srcs[k].shape or other.numel != a.dst.numel:
+            continue
+        srcs = (n.srcs[0], n.srcs[1], other)
+        if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
+            continue
+        replace[j] = Node(a.name, "MUL_MAT_ADD", srcs, a.outs, fused_params({**n.params, **a.params}, [n], (0, 1)))
+        drop.add(i)
+    return _rebuild(graph, replace, drop)
+
+
+#: the mat-vec op of a GLU's gate and up -> the fused op (``ids`` of MUL_MAT_ID shared by both)
+GLU_FUSED = {"MUL_MAT": "MUL_MAT_GLU", "MUL_MAT_ID": "MUL_MAT_ID_GLU"}
+
+
+def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
+    """``GLU(MUL_MAT(wg, x), MUL_MAT(wu, x))`` whose two products are read by the GLU only ->
+    ``MUL_MAT_GLU`` (wg, wu, x): one kernel streams both weight rows of an output and applies the
+    GLU in its epilogue (llama.cpp's gate/up mat-vec fusion, for the kinds in ``GLU_KINDS``). The
+    MoE form, two ``MUL_MAT_ID`` of the same activation and expert ids, -> ``MUL_MAT_ID_GLU``
+    (wg, wu, x, ids)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for j, g in enumerate(nodes):
+        if g.op != "GLU" or g.params.get("glu", "swiglu") not in GLU_KINDS or len(g.srcs) != 2:
+            continue
+        prods = [last_writer(index, s, j) for s in g.srcs]
+        if None in prods or prods[0] == prods[1] or any(p in drop for p in prods):
+            continue
+        mms = [nodes[p] for p in prods]
+        op = mms[0].op
+        if op not in GLU_FUSED or mms[1].op != op:
+            continue
+        if any(sole_reader(nodes, index, outputs, p) != j for p in prods):
+            continue
+        if [operand_slot(g, m.dst) for m in mms] != [0, 1]:
+            continue
+        wg, wu = mms[0].srcs[0], mms[1].srcs[0]
+        if mms[0].srcs[1:] != mms[1].srcs[1:] or wg.shape != wu.shape or wg.dtype != wu.dtype \
+                or g.srcs[0].shape != g.srcs[1].shape:
+            continue
+        srcs = (wg, wu, *mms[0].srcs[1:])
+        if not stable_between(index, srcs, min(prods), j) or not _writes_apart(g, srcs):
+            continue
+        replace[j] = Node(g.name, GLU_FUSED[op], srcs, g.outs,
+                          fused_params(dict(g.params), mms, tuple(range(len(srcs)))))
+        drop.update(prods)
+    return _rebuild(graph, replace, drop)
+
+
+def fuse_rope_set_rows(graph: Graph) -> tuple[Graph, list[str]]:
+    """``ROPE(x, pos, freqs)`` read only by ``SET_ROWS(rope, idx) -> cache`` -> ``ROPE_SET_ROWS``
+    (x, pos, freqs, idx) -> cache: the rotated row is written straight into the cache row."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "ROPE":
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "SET_ROWS" or len(nodes[j].outs) != 1:
+            continue
+        s = nodes[j]
+        if operand_slot(s, n.dst) != 0:
+            continue
+        srcs = (*n.srcs, s.srcs[1])
+        if not stable_between(index, srcs, i, j) or not _writes_apart(s, srcs):
+            continue
+        replace[j] = Node(s.name, "ROPE_SET_ROWS", srcs, s.outs, fused_params({**n.params, **s.params}, [n], (0, 1, 2)))
+        drop.add(i)
+    return _rebuild(graph, replace, drop)
+
+
+def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
+    """``ADD(ADD(a, b), c)`` ... where each sum is read only by the next ADD, all of one shape
+    -> ``ADD_CHAIN`` (a, b, c, ...), summed left to right as the ADDs did (ggml's multi-add)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "ADD" or i in drop or i in replace or len(n.outs) != 1:
+            continue
+        srcs, chain = list(n.srcs), [i]
+        last = i
+        while len(srcs) < MAX_ADD_OPERANDS:
+            j = sole_reader(nodes, index, outputs, last)
+            if j is None or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+                break
+            a = nodes[j]
+            k = operand_slot(a, nodes[last].dst)
+            if k is None or a.srcs[k].shape != nodes[last].dst.shape or a.dst.shape != n.dst.shape:
+                break
+            if not stable_between(index, srcs, last, j):
+                break
+            srcs.append(a.srcs[1 - k])
+            chain.append(j)
+            last = j
+        if last == i or not _writes_apart(nodes[last], tuple(srcs)):
+            continue
+        end = nodes[last]
+        inherited = tuple(range(len(srcs) - 1))  # all but the last ADD's own operand
+        replace[last] = Node(end.name, "ADD_CHAIN", tuple(srcs), end.outs,
+                             fused_params(dict(end.params), [nodes[k] for k in chain[:-1]], inherited))
+        drop.update(chain[:-1])
+    return _rebuild(graph, replace, drop)
+

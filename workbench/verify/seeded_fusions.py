@@ -1,0 +1,118 @@
+"""Seeded bugs of the chain fusions: a fused kernel scheduled with the events of the last node it
+replaced (as a fusion applied after stream assignment would be, llama.cpp fuses at graph
+evaluation), not with its own.
+
+Each small graph has a ``side`` node on stream 1 (forked after ``x_in``) writing the input of
+the pattern's *first* node. Unfused, that first node waited for the event after ``side``; the nodes after it were
+ordered by stream order alone. The real fusion pass (``fusion_chains``) then replaces the
+pattern by one node at the last node's position, reading that input itself: placed with the last
+node's (empty) waits it is unordered with ``side``. The same graph with the fused node waiting
+for the event is race-free (tests/test_fusion_set.py checks both).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+
+from ..graph import Graph, GraphBuilder, View
+from ..strategy.fusion import PASSES
+from ..strategy.plan import Plan
+from ..strategy.strategy import Strategy
+
+D = 64
+
+
+def _start(name: str) -> tuple[GraphBuilder, View, View]:
+    """``x_in`` on stream 0 (the fork), ``side`` of it on stream 1."""
+    b = GraphBuilder(name)
+    x = b.op("SCALE", "x_in", [b.input("inp_x", (1, D), "f32")], (1, D), s=1.0)
+    side = b.op("SCALE", "side", [x], (1, D), s=0.5)
+    return b, x, side
+
+
+def mul_mat_add_graph() -> Graph:
+    b, x, side = _start("mul-mat-add-bug")
+    h = b.op("MUL_MAT", "proj", [b.weight("w", (D, D), "f16"), side], (1, D))
+    y = b.op("ADD", "proj_res", [h, x], (1, D))
+    b.output("logits", b.op("SCALE", "result_output", [y], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
+def mul_mat_glu_graph() -> Graph:
+    b, x, side = _start("mul-mat-glu-bug")
+    g = b.op("MUL_MAT", "ffn_gate", [b.weight("wg", (D, D), "f16"), side], (1, D))
+    u = b.op("MUL_MAT", "ffn_up", [b.weight("wu", (D, D), "f16"), side], (1, D))
+    act = b.op("GLU", "ffn_act", [g, u], (1, D), glu="swiglu")
+    b.output("logits", b.op("SCALE", "result_output", [act], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
+def rope_set_rows_graph() -> Graph:
+    b, x, side = _start("rope-set-rows-bug")
+    pos = b.input("inp_pos", (1,), "i32")
+    idx = b.input("inp_kv_idx", (1,), "i64")
+    freqs = b.const("rope_freqs", (8,), "f32")
+    b.meta["consts"] = {"rope_freqs": (1e4 ** -(np.arange(8) / 8)).astype(np.float32)}
+    cache = b.cache("cache_k", (4, D), "f16")
+    k = b.op("ROPE", "k_rope", [side.reshape((4, 16)), pos, freqs], (4, 16), n_rot=16)
+    b.node("SET_ROWS", "k_store", [k.reshape((1, D)), idx], [cache])
+    b.output("logits", b.op("SCALE", "result_output", [x], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
+def add_chain_graph() -> Graph:
+    b, x, side = _start("add-chain-bug")
+    s0 = b.op("ADD", "sum_0", [side, x], (1, D))
+    s1 = b.op("ADD", "sum_1", [s0, x], (1, D))
+    b.output("logits", b.op("SCALE", "result_output", [s1], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
+def topk_moe_graph() -> Graph:
+    b, x, side = _start("topk-moe-bug")
+    probs = b.op("SOFT_MAX", "probs", [side], (1, D))
+    ids = b.op("ARGSORT_TOP_K", "topk", [probs], (1, 4), dtype="i32", k=4)
+    w = b.op("GET_ROWS", "weights", [probs.reshape((D, 1)), ids], (4, 1))
+    b.output("logits", b.op("SCALE", "result_output", [w], (4, 1), kind="output", s=1.0))
+    return b.build()
+
+
+#: fusion -> (graph builder, name of the fused node)
+FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
+    "mul-mat-add": (mul_mat_add_graph, "proj_res"),
+    "mul-mat-glu": (mul_mat_glu_graph, "ffn_act"),
+    "rope-set-rows": (rope_set_rows_graph, "k_store"),
+    "add-chain": (add_chain_graph, "sum_1"),
+    "topk-moe": (topk_moe_graph, "weights"),
+}
+
+
+def fused_plan(fusion: str, waits: bool) -> Plan:
+    """The fused graph of ``fusion``'s bug graph on two streams: ``x_in`` on stream 0 recording
+    the fork event 0, ``side`` on stream 1 waiting for it and recording event 1, everything else
+    on stream 0, ``result_output`` joining stream 1; the fused node waits for event 1 only when
+    ``waits`` (the correct schedule)."""
+    from .seeded import hand_plan
+
+    build, fused = FUSION_GRAPHS[fusion]
+    graph, removed = PASSES[fusion](build())
+    if not removed or graph.node(fused).op == build().node(fused).op:
+        raise AssertionError(f"{fusion}: the pass did not fuse its bug graph")
+    placed = []
+    for n in graph.nodes:
+        if n.name == "x_in":
+            placed.append((0, (), (0,)))
+        elif n.name == "side":
+            placed.append((1, (0,), (1,)))
+        elif n.name == "result_output" or (waits and n.name == fused):
+            placed.append((0, (1,), ()))
+        else:
+            placed.append((0, (), ()))
+    return hand_plan(graph, placed, Strategy(streams="auto", allocator="no-reuse", fusion=frozenset({fusion})))
+
+
+def stale_events(fusion: str) -> Callable[[], Plan]:
+    """The seeded bug of ``fusion``: its fused node placed without the wait its first node had."""
+    return lambda: fused_plan(fusion, waits=False)
