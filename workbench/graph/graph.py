@@ -7,7 +7,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from .ops import op_info
-from .tensor import Buffer, View, contiguous_strides, itemsize
+from .tensor import Buffer, View, contiguous_strides, nbytes_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -152,9 +152,7 @@ class GraphBuilder:
     # -- persistent tensors --------------------------------------------------------------------
     def _persistent(self, table: dict[str, View], kind: str, name: str, shape: Iterable[int], dtype: str) -> View:
         shape = tuple(int(s) for s in shape)
-        nbytes = itemsize(dtype)
-        for s in shape:
-            nbytes *= s
+        nbytes = nbytes_of(shape, dtype)
         v = View(Buffer(name, nbytes, kind), 0, shape, contiguous_strides(shape, dtype), dtype)
         table[name] = v
         return v
@@ -184,9 +182,7 @@ class GraphBuilder:
 
     def scratch(self, name: str, shape: Iterable[int], dtype: str = "f32", kind: str = "act") -> View:
         shape = tuple(int(s) for s in shape)
-        nbytes = itemsize(dtype)
-        for s in shape:
-            nbytes *= s
+        nbytes = nbytes_of(shape, dtype)
         return View(Buffer(name, nbytes, kind), 0, shape, contiguous_strides(shape, dtype), dtype)
 
     def node(self, op: str, name: str, srcs: Iterable[View], outs: Iterable[View], **params: Any) -> Node:
