@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -148,6 +148,9 @@ class GraphBuilder:
         self.consts: dict[str, View] = {}
         self.meta: dict[str, Any] = {}
         self._names: set[str] = set()
+        #: ``(name, shape, dtype) -> dtype`` a model sets to store some weights in another type
+        #: than the one asked for (which tensors a quantised GGUF keeps in f32 or f16)
+        self.weight_type: Callable[[str, tuple[int, ...], str], str] | None = None
 
     # -- persistent tensors --------------------------------------------------------------------
     def _persistent(self, table: dict[str, View], kind: str, name: str, shape: Iterable[int], dtype: str) -> View:
@@ -159,6 +162,9 @@ class GraphBuilder:
 
     def weight(self, name: str, shape: Iterable[int], dtype: str) -> View:
         """A model weight, named with its Hugging Face tensor name."""
+        shape = tuple(int(s) for s in shape)
+        if self.weight_type is not None:
+            dtype = self.weight_type(name, shape, dtype)
         return self._persistent(self.weights, "weight", name, shape, dtype)
 
     def const(self, name: str, shape: Iterable[int], dtype: str = "f32") -> View:

@@ -65,8 +65,9 @@ def _mul_mat_id_fraction_bias(n: Node) -> float:
 
 
 def _get_rows_bytes(n: Node) -> float:
-    # reads only the selected rows of the table
-    return 2.0 * n.dst.nbytes + n.srcs[1].nbytes
+    # reads only the selected rows of the table (in its storage type) and writes them as f32
+    table = n.srcs[0]
+    return n.dst.nbytes * table.nbytes / (table.numel * 4) + n.dst.nbytes + n.srcs[1].nbytes
 
 
 def _set_rows_bytes(n: Node) -> float:
@@ -129,6 +130,7 @@ _op("ROPE", "rope", _elementwise_flops(6))
 _op("MUL_MAT", "mul_mat", _mul_mat_flops)
 _op("MUL_MAT_ID", "mul_mat", _mul_mat_id_flops, _mul_mat_id_bytes)
 _op("SET_ROWS", "set_rows", lambda n: 0.0, _set_rows_bytes)
+_op("QUANTIZE_Q8_1", "elementwise", _elementwise_flops(3))  # |x| max, scale, round per value
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)
 _op("SILU", "elementwise", _elementwise_flops(4))

@@ -51,6 +51,9 @@ class ModelConfig:
     swa_full: bool = False
     #: llama.cpp's ``-ub`` (micro-batch), which sizes the iSWA ring.
     n_ubatch: int = 512
+    #: per weight (HF name), the ggml type a GGUF stores it in; None: ``weight_dtype`` and the
+    #: rules of ``workbench.models.weight_types``.
+    tensor_types: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         validate_config(self)  # every way of making a config (preset, config.json, GGUF, with_) passes here

@@ -1,7 +1,8 @@
 """Weights: seeded random at a realistic scale, or loaded from safetensors (HF tensor names).
 
 Weights are a dict ``HF name -> numpy array`` in the graph's storage dtype (bf16 as raw
-uint16), so the same dict feeds the reference, the GPU executor and a ``transformers`` model.
+uint16, ggml's block types as their uint8 blocks ``[..., row bytes]``), so the same dict feeds
+the reference, the GPU executor and a ``transformers`` model.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graph import Graph, View
+from ..graph import Graph, View, is_quantized
 from .config import ConfigError
+from .quant import dequantize, quantize
 
 #: The largest finite f16 value: a checkpoint weight beyond it would become inf in f16 storage.
 F16_MAX = 65504.0
@@ -32,10 +34,14 @@ def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     """float array -> the storage numpy array of a workbench dtype."""
     if dtype == "bf16":
         return to_bf16(x)
+    if is_quantized(dtype):
+        return quantize(x, dtype)
     return np.asarray(x).astype({"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}[dtype])
 
 
 def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
+    if is_quantized(dtype):
+        return dequantize(x, dtype)
     return from_bf16(x) if dtype == "bf16" else np.asarray(x, dtype=np.float32)
 
 

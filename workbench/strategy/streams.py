@@ -24,8 +24,9 @@ from dataclasses import dataclass
 from ..graph import Node
 from ..graph.ops import op_info
 
-#: the op of each of the forked branches' first node (the Q, K and V projections)
-FORK_CONSUMER_OP = "MUL_MAT"
+#: the ops of each of the forked branches' first node: the Q, K and V projections, or with
+#: quantised weights the q8_1 quantisation of their input (llama.cpp's mmvq runs it first)
+FORK_CONSUMER_OPS = ("MUL_MAT", "QUANTIZE_Q8_1")
 #: the op where the Q, K and V branches meet
 JOIN_OP = "FLASH_ATTN_EXT"
 #: PR #16991's fan-out
@@ -83,7 +84,7 @@ def fork_points(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
             if any(src.overlaps(nodes[d].dst) for src in nodes[j].srcs):
                 readers.setdefault(d, []).append(j)
     return [i for i, r in sorted(readers.items())
-            if len(r) == QKV_FANOUT and all(nodes[j].op == FORK_CONSUMER_OP for j in r)
+            if len(r) == QKV_FANOUT and all(nodes[j].op in FORK_CONSUMER_OPS for j in r)
             and _is_norm_output(i, nodes, deps)]
 
 
