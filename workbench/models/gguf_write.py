@@ -170,7 +170,12 @@ def _rule(name: str, cfg: ModelConfig, mt: str, tmap, rows: bool = False) -> Rul
                                  "TensorNameMap; upgrade the gguf package")
         return out + (suffix or (".bias" if name.endswith(".bias") else ".weight"))
 
-    one = lambda target: (lambda a: [(target, a)])  # noqa: E731
+    def one(target: str) -> Rule:
+        """The tensor as it is, renamed (``identity``: the reader maps it without an index)."""
+        fn = lambda a: [(target, a)]  # noqa: E731
+        fn.identity = True  # type: ignore[attr-defined]
+        return fn
+
     if mt == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = n_head if "q_proj" in name else n_kv
         target = mapped()
@@ -225,7 +230,10 @@ def _gdn_rule(name: str, cfg: ModelConfig, blk: str, mapped: Callable[..., str])
         return lambda a: [(f"{blk}.ssm_dt.bias", a)]
     if name.endswith("A_log"):
         return lambda a: [(f"{blk}.ssm_a", a)]
-    return lambda a: [(mapped(), a)]
+    target = mapped()
+    fn = lambda a: [(target, a)]  # noqa: E731
+    fn.identity = True  # type: ignore[attr-defined]
+    return fn
 
 
 #: GGUF tensors the converter always stores in f32 (routers, norms, biases, recurrent params).

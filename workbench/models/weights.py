@@ -152,8 +152,13 @@ def has_checkpoint(cfg) -> bool:
 
 
 def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """The weights a run of ``cfg`` uses: the safetensors beside its config.json when it was
-    read from a folder that has them, else ``random_weights(graph, seed)``."""
+    """The weights a run of ``cfg`` uses: a GGUF's stored tensors (when read from one and kept
+    in its types), the safetensors beside its config.json when it was read from a folder that
+    has them, else ``random_weights(graph, seed)``."""
+    if cfg.source is not None and cfg.source.endswith(".gguf") and cfg.tensor_types is not None:
+        from .gguf_read import load_gguf_weights
+
+        return load_gguf_weights(graph, cfg.source)
     if has_checkpoint(cfg):
         return load_safetensors(graph, Path(cfg.source))
     return random_weights(graph, seed)
