@@ -71,7 +71,8 @@ def test_plans_keep_the_reference_logits_and_qkv_still_forks(name):
     cfg = preset(name, context=CONTEXT, weight_dtype="q4_0")
     weights = random_weights(build_graph(cfg), 0)
     base = run_reference(cfg, weights, [3, 17]).logits
-    for fusion, alloc in product((frozenset(), frozenset({"rms-norm-mul", "copy-elim"})), ("serial-reuse", "stream-aware")):
+    fusions = (frozenset(), frozenset({"rms-norm-mul", "copy-elim"}))
+    for fusion, alloc in product(fusions, ("serial-reuse", "stream-aware")):
         s = Strategy(fusion=fusion, allocator=alloc, streams="qkv")
         got = run_reference(cfg, weights, [3, 17],
                             graph_for=lambda pos, s=s: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
