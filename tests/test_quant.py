@@ -64,6 +64,15 @@ def test_random_bytes_dequantize_as_gguf_does():
         assert np.array_equal(quant.dequantize(q, qtype), gq.dequantize(q, GGML[qtype])), qtype
 
 
+def test_q6_k_is_read_only_and_dequantizes_as_gguf_does():
+    """q6_k (the output of a Q4_K_M file): any bytes with a finite f16 d decode as gguf does."""
+    q = np.random.default_rng(4).integers(0, 256, (64, 420), dtype=np.uint8)
+    q.reshape(64, 2, 210)[:, :, 209] &= 0x3B
+    assert np.array_equal(quant.dequantize(q, "q6_k"), gq.dequantize(q, gguf.GGMLQuantizationType.Q6_K))
+    with pytest.raises(quant.QuantError, match="q6_k is read from GGUF files only"):
+        quant.quantize(np.zeros((1, 256)), "q6_k")
+
+
 def test_q8_1_is_cuda_quantize_q8_1():
     """d = amax / 127 (f16), q = roundf(x / d), s = the block's float sum (f16)."""
     x = sample(rows=4, cols=64)[2:]

@@ -96,3 +96,42 @@ def test_reference_equals_llamacpp_on_the_same_quantised_gguf(llamacpp_lib, name
         cpu = reference_logits(cfg)
     err = np.abs(got - cpu).max(axis=1) / np.abs(cpu).max(axis=1)
     assert (err > TOL_EXACT).sum() <= 1 and err.max() <= TOL_PLAIN, f"{name} {qtype}: {err} with ggml-cpu's numerics"
+
+
+@pytest.mark.slow
+def test_a_q4_k_m_style_file_with_a_q6_k_output_is_read_and_matches(llamacpp_lib, tmp_path, monkeypatch):
+    """Q4_K_M files keep the output (and some layers) in q6_k: read from the file, it multiplies
+    as in llama.cpp (q6_k blocks made by ggml's own quantiser)."""
+    import ctypes
+    from pathlib import Path
+
+    import workbench.models.gguf_write as gw
+    from workbench.models import load_config
+    from workbench.models.quant import dequantize
+    from workbench.models.weights import model_weights
+
+    lib = ctypes.CDLL(str(next(Path(llamacpp_lib).glob("libggml-base.so*"))))
+    lib.ggml_quantize_chunk.restype = ctypes.c_size_t
+    lib.ggml_quantize_chunk.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64,
+                                        ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p]
+    tensors = gw.gguf_tensors
+
+    def with_q6_k_output(cfg, graph, weight):
+        for gname, a, dtype in tensors(cfg, graph, weight):
+            if gname == "output.weight":
+                x = np.ascontiguousarray(dequantize(a, dtype))
+                q = np.zeros((x.shape[0], x.shape[1] // 256 * 210), np.uint8)
+                lib.ggml_quantize_chunk(14, x.ctypes.data, q.ctypes.data, 0, x.shape[0], x.shape[1], None)  # Q6_K
+                a, dtype = q, "q6_k"
+            yield gname, a, dtype
+
+    monkeypatch.setattr(gw, "gguf_tensors", with_q6_k_output)
+    path = gw.write_gguf(config("llama-tiny", "q4_k"), tmp_path / "q4_k_m.gguf", qtype="q4_k")
+    cfg = load_config(str(path), context=CONTEXT)
+    assert cfg.weight_dtype == "q4_k" and dict(cfg.tensor_types)["lm_head.weight"] == "q6_k"
+    assert build_graph(cfg).node("result_output").srcs[1].dtype == "q8_1"
+    got = llamacpp_logits(llamacpp_lib, cfg)
+    with ggml_cpu_numerics(q8_k_activations=True):
+        want = run_reference(cfg, model_weights(cfg, build_graph(cfg)), TOKENS).logits
+    err = np.abs(got - want).max(axis=1) / np.abs(want).max(axis=1)
+    assert (err > TOL_EXACT).sum() <= 1 and err.max() <= TOL_PLAIN, err

@@ -24,12 +24,14 @@ DTYPES: dict[str, tuple[int, np.dtype]] = {
 #: ggml's block types: dtype name -> (values per block, bytes per block). A view of one has its
 #: shape in values and its last stride in bytes per block (ggml's ``nb[0] = type_size``), so a
 #: row of ``n`` values spans ``n / block * type_size`` bytes. q8_1 is the activation type
-#: llama.cpp's CUDA mat-vec quantises its input to (``QUANTIZE_Q8_1``).
+#: llama.cpp's CUDA mat-vec quantises its input to (``QUANTIZE_Q8_1``); q6_k is read from GGUF
+#: files only (the output and some layers of a Q4_K_M file).
 BLOCK_TYPES: dict[str, tuple[int, int]] = {
     "q8_0": (32, 34),
     "q4_0": (32, 18),
     "q4_k": (256, 144),
     "mxfp4": (32, 17),
+    "q6_k": (256, 210),
     "q8_1": (32, 36),
 }
 

@@ -22,7 +22,7 @@ from .errors import ConfigError
 
 #: ggml type name -> workbench dtype, for the types the workbench reads.
 GGUF_DTYPES = {"F32": "f32", "F16": "f16", "BF16": "bf16", "Q8_0": "q8_0", "Q4_0": "q4_0", "Q4_K": "q4_k",
-               "MXFP4": "mxfp4"}
+               "Q6_K": "q6_k", "MXFP4": "mxfp4"}
 
 
 class GGUFWeights(dict):

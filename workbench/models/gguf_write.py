@@ -49,7 +49,7 @@ WRITER_VERSION = 1
 
 #: workbench dtype -> ggml type name (``gguf.GGMLQuantizationType``) and the file type it makes.
 GGML_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
-              "mxfp4": "MXFP4"}
+              "q6_k": "Q6_K", "mxfp4": "MXFP4"}
 FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
               "q4_k": "MOSTLY_Q4_K_S", "mxfp4": "MOSTLY_MXFP4_MOE"}
 

@@ -1,5 +1,6 @@
 """ggml's block quantisation in NumPy, bit-exact: q8_0, q4_0, q4_k, mxfp4 weights and the q8_1
-activation blocks llama.cpp's CUDA mat-vec (mmvq) multiplies them with.
+activation blocks llama.cpp's CUDA mat-vec (mmvq) multiplies them with; q6_k is dequantised
+only (it is read from GGUF files, never written).
 
 A quantised tensor is stored as ggml stores it: each row of ``n`` values becomes ``n / block``
 blocks of ``type_size`` bytes, so a ``[rows, n]`` tensor is a ``[rows, n / block * type_size]``
@@ -34,6 +35,8 @@ def row_bytes(n: int, qtype: str) -> int:
 def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     """float array ``[..., n]`` -> uint8 blocks ``[..., row_bytes(n)]``."""
     x = np.ascontiguousarray(x, np.float32)
+    if qtype not in _QUANTIZE:
+        raise QuantError(f"{qtype} is read from GGUF files only; the workbench does not quantise to it")
     block, size = BLOCK_TYPES[qtype]
     nbytes = row_bytes(x.shape[-1], qtype)
     blocks = x.reshape(-1, block)
@@ -262,7 +265,25 @@ def _dequantize_q4_k(b: np.ndarray) -> np.ndarray:
     return ((d * sc)[:, :, None] * q - (dmin * m)[:, :, None]).reshape(nb, 256)
 
 
+# ------------------------------------------------------------------------------------------ q6_k
+
+def _dequantize_q6_k(b: np.ndarray) -> np.ndarray:
+    """``dequantize_row_q6_K``: per 128-value half, 4 low bits from ``ql`` and 2 high bits from
+    ``qh`` minus 32, times ``d * scale`` of its 16-value group (int8 scales, f16 d)."""
+    nb = b.shape[0]
+    ql = b[:, :128].reshape(nb, 2, 64)
+    qh = b[:, 128:192].reshape(nb, 2, 32)
+    sc = b[:, 192:208].view(np.int8).astype(np.float32).reshape(nb, 2, 8)
+    d = _f16(b[:, 208:210]).reshape(nb, 1, 1)
+    lo = np.stack([ql[:, :, :32] & 0xF, ql[:, :, 32:] & 0xF, ql[:, :, :32] >> 4, ql[:, :, 32:] >> 4], axis=2)
+    hi = np.stack([(qh >> s) & 3 for s in (0, 2, 4, 6)], axis=2)
+    q = (lo | (hi << 4)).astype(np.float32) - 32  # [nb, half, 4 quarters, 32]
+    scale = sc.reshape(nb, 2, 4, 2)  # group of 16: is + 2 * quarter, is = l // 16
+    out = d[..., None] * np.repeat(scale, 16, axis=3) * q
+    return out.reshape(nb, 256)
+
+
 _QUANTIZE = {"q8_0": _quantize_q8_0, "q8_1": _quantize_q8_1, "q4_0": _quantize_q4_0,
              "mxfp4": _quantize_mxfp4, "q4_k": _quantize_q4_k}
 _DEQUANTIZE = {"q8_0": _dequantize_q8_0, "q8_1": _dequantize_q8_1, "q4_0": _dequantize_q4_0,
-               "mxfp4": _dequantize_mxfp4, "q4_k": _dequantize_q4_k}
+               "mxfp4": _dequantize_mxfp4, "q4_k": _dequantize_q4_k, "q6_k": _dequantize_q6_k}
