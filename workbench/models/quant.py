@@ -20,6 +20,10 @@ from ..graph.tensor import BLOCK_TYPES
 MXFP4_VALUES = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)
 
 
+#: blocks quantised at a time (a 2^16-block chunk's temporaries stay in the tens of MiB)
+CHUNK_BLOCKS = 1 << 16
+
+
 class QuantError(ValueError):
     """A tensor that cannot be stored in a block type (its rows are not whole blocks)."""
 
@@ -40,8 +44,9 @@ def quantize(x: np.ndarray, qtype: str) -> np.ndarray:
     block, size = BLOCK_TYPES[qtype]
     nbytes = row_bytes(x.shape[-1], qtype)
     blocks = x.reshape(-1, block)
-    out = _QUANTIZE[qtype](blocks)
-    assert out.shape == (blocks.shape[0], size)
+    out = np.empty((blocks.shape[0], size), np.uint8)
+    for lo in range(0, blocks.shape[0], CHUNK_BLOCKS):  # bounded temporaries for large tensors
+        out[lo:lo + CHUNK_BLOCKS] = _QUANTIZE[qtype](blocks[lo:lo + CHUNK_BLOCKS])
     return out.reshape(*x.shape[:-1], nbytes)
 
 
