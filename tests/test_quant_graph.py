@@ -51,6 +51,7 @@ def test_mat_vec_bytes_shrink_by_the_block_ratio(qtype, ratio):
     assert x.dtype == "q8_1" and x.nbytes == x.numel // 32 * 36
     assert b.bytes == pytest.approx(wq.nbytes + x.nbytes + b.dst.nbytes)
     assert kernel_name(b) == "mul_mat_vec_q" and kernel_name(a) == "mul_mat_vec_f"
+    assert kernel_name(q.node("inp_embd")) == "k_get_rows" and kernel_name(f16.node("inp_embd")) == "k_get_rows_float"
     quantize = q.node("ffn_out-0_q8_1")
     assert quantize.op == "QUANTIZE_Q8_1" and kernel_name(quantize) == "quantize_q8_1"
     assert quantize.srcs[0].dtype == "f32" and quantize.srcs[0].shape == x.shape  # reads the f32 activation

@@ -86,8 +86,8 @@ class KernelCost:
         return self.fixed_ns + (self.work_ns / self.cap if self.work_ns > 0 else 0.0)
 
 
-#: the mat-vec kernels llama.cpp runs on block-quantised weights (mmvq: q8_1 activations)
-QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec_q<ids>"}
+#: the kernels llama.cpp runs on block-quantised weights (mmvq: q8_1 activations; get_rows dequantises)
+QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec_q<ids>", "GET_ROWS": "k_get_rows"}
 
 
 def kernel_name(node: Node) -> str:
