@@ -104,8 +104,8 @@ def test_gguf_has_the_converters_names_and_reads_back_as_the_same_config(tmp_pat
 
 
 def test_writer_errors_name_the_fix(tmp_path):
-    with pytest.raises(GGUFWriteError, match="--qtype 'q4_0' is not supported"):
-        write_gguf(preset("llama-tiny"), tmp_path / "x.gguf", qtype="q4_0")
+    with pytest.raises(GGUFWriteError, match="--qtype 'q6_k' is not supported"):
+        write_gguf(preset("llama-tiny"), tmp_path / "x.gguf", qtype="q6_k")
 
 
 def test_gguf_command(tmp_path, capsys):
@@ -114,8 +114,8 @@ def test_gguf_command(tmp_path, capsys):
     out = tmp_path / "q.gguf"
     assert main(["gguf", "--model", "qwen3-moe-tiny", "--qtype", "f32", "--seed", "2", "--out", str(out)]) == 0
     assert out.is_file() and "wrote" in capsys.readouterr().err
-    assert main(["gguf", "--model", "qwen3-tiny", "--qtype", "q4_0", "--out", str(out)]) == 2
-    assert "--qtype 'q4_0' is not supported" in capsys.readouterr().err
+    assert main(["gguf", "--model", "qwen3-tiny", "--qtype", "q6_k", "--out", str(out)]) == 2
+    assert "--qtype 'q6_k' is not supported" in capsys.readouterr().err
 
 
 # ------------------------------------------------------------------------------------------ real llama.cpp

@@ -16,8 +16,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--model", required=True, help="preset name, config.json path or .gguf path")
     p.add_argument("--layers", type=int, help="override the number of layers")
     p.add_argument("--context", type=int, help="KV cache length (default 512)")
-    p.add_argument("--weight-dtype", choices=("f16", "bf16", "f32"),
-                   help="weight storage (default f16; a bf16 checkpoint stays bf16 with bf16)")
+    p.add_argument("--weight-dtype", choices=("f16", "bf16", "f32", "q8_0", "q4_0", "q4_k", "mxfp4"),
+                   help="weight storage (default f16; a bf16 checkpoint stays bf16 with bf16; q8_0, q4_0, "
+                        "q4_k, mxfp4: ggml's block types, random weights quantised as a GGUF stores them)")
     p.add_argument("--swa-full", action="store_true", default=None,
                    help="sliding-window layers keep a full-context KV cache (llama.cpp's --swa-full) "
                         "instead of the iSWA ring of window + n_ubatch rows")

@@ -10,6 +10,8 @@ import json
 import math
 from typing import Any
 
+import numpy as np
+
 from .. import preflight
 from ..api import run
 from ..exec.backend import backends
@@ -86,6 +88,10 @@ def result(cfg: ModelConfig, strategy: Strategy, run, args: argparse.Namespace) 
     for key in ("logits_finite", "memory_fits_gpu", "gpu_memory_bytes"):
         if key in s:
             out[key] = s[key]
+    out["weight_dtype"] = cfg.weight_dtype
+    if run.logits is not None and np.size(run.logits):
+        # the greedy token of each step, to compare with llama.cpp's greedy output on the same GGUF
+        out["argmax_tokens"] = [int(t) for t in np.asarray(run.logits).reshape(-1, run.logits.shape[-1]).argmax(-1)]
     if args.trace:
         out["trace"] = str(args.trace)
         for key in ("graph_trace", "node_tokens", "us_per_token_graph_level"):
@@ -132,6 +138,8 @@ def describe(out: dict[str, Any]) -> str:
                      f"(waiting for {g['api']}; host: {g['host_calls']})")
     if "logits_finite" in out:
         lines.append(f"logits finite: {out['logits_finite']}")
+    if out.get("argmax_tokens") is not None:
+        lines.append(f"greedy (argmax) tokens: {' '.join(map(str, out['argmax_tokens']))}")
     if out.get("trace"):
         lines.append(f"trace written to {out['trace']}")
         if out.get("graph_trace") == "graph":

@@ -21,7 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from math import ceil
 
-from ..graph import Node
+from ..graph import Node, is_quantized
 from .calibration import Calibration, FamilyCost
 
 #: ggml op -> CUDA kernel name as Nsight Systems shows it for llama.cpp's CUDA backend.
@@ -54,6 +54,7 @@ KERNEL_NAMES = {
     "ADD_CHAIN": "k_bin_bcast<op_add,op_add>",
     "TOPK_MOE": "topk_moe_cuda",
     "SET_ROWS": "k_set_rows",
+    "QUANTIZE_Q8_1": "quantize_q8_1",
     "FLASH_ATTN_EXT": "flash_attn_ext_vec",
     "CPY": "cpy_flt",
     "SSM_CONV": "ssm_conv_f32",
@@ -101,7 +102,13 @@ class KernelCost:
         return self.fixed_ns + (self.work_ns / self.cap if self.work_ns > 0 else 0.0)
 
 
+#: the kernels llama.cpp runs on block-quantised weights (mmvq: q8_1 activations; get_rows dequantises)
+QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec_q<ids>", "GET_ROWS": "k_get_rows"}
+
+
 def kernel_name(node: Node) -> str:
+    if node.op in QUANTIZED_KERNEL_NAMES and is_quantized(node.srcs[0].dtype):
+        return QUANTIZED_KERNEL_NAMES[node.op]
     return KERNEL_NAMES.get(node.op, node.op.lower())
 
 

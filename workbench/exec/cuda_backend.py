@@ -12,6 +12,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ..graph import is_quantized
 from ..trace import MARKER_ROW, Trace
 from .backend import BackendError, RunRequest
 from .cuda import KERNEL_SETS
@@ -161,6 +162,10 @@ class CudaBackend:
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
     def run(self, req: RunRequest) -> Run:
+        qtypes = sorted({v.dtype for v in req.plans[0].graph.weights.values() if is_quantized(v.dtype)})
+        if qtypes:
+            raise BackendError(f"{req.cfg.name}: {'/'.join(qtypes)} weights are not implemented on the cuda "
+                               "backend yet; use --backend reference (logits) or sim (timing)")
         ok, why = cuda_available()
         if not ok:
             raise BackendError(f"--backend cuda needs CuPy and a CUDA GPU: {why}. "

@@ -16,7 +16,7 @@ from math import ceil, prod
 
 import numpy as np
 
-from ..graph import Node, View
+from ..graph import Node, View, is_quantized
 from .kernels import Arg
 
 #: threads per block of the one-thread-per-element kernels
@@ -162,6 +162,10 @@ NORMS = {"RMS_NORM": "rms_norm", "L2_NORM": "l2_norm"}
 
 def bind(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     """The kernel launch of ``node``; a BindError names a layout no kernel takes."""
+    quantized = [v.dtype for v in (*node.srcs, *node.outs) if is_quantized(v.dtype)]
+    if quantized:
+        raise BindError(f"{node.name}: {node.op} on {quantized[0]} blocks is not implemented on the cuda "
+                        "backend yet (the reference and sim backends run quantised weights)")
     fn = _BINDERS.get(node.op)
     if fn is None:
         raise BindError(f"{node.name}: no CUDA kernel for op {node.op}")
@@ -551,6 +555,10 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     return KernelCall("gdn", "k_gated_delta_net", (H, ceil(DV / 32)), (128,), args, None, node.outs)
 
 
+def _quantize_q8_1(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    raise BindError(f"{node.name}: QUANTIZE_Q8_1 is not implemented on the cuda backend yet")
+
+
 _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     **{op: _binary for op in (*BINARY, "GLU")},
     **{op: _unary for op in (*UNARY, "SCALE")},
@@ -573,6 +581,7 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "FLASH_ATTN_EXT": _attn,
     "SSM_CONV": _ssm_conv,
     "GATED_DELTA_NET": _gdn,
+    "QUANTIZE_Q8_1": _quantize_q8_1,
 }
 
 #: ops with a kernel here (the CPU tests check this covers every op a model graph uses)

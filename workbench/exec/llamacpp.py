@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import pandas as pd
 
+from ..graph import is_quantized
 from ..models import ModelConfig
 from .backend import BackendError, RunRequest
 from .run import Run
@@ -70,7 +71,8 @@ def build_folder(options: LlamaCppOptions) -> Path:
 
 
 def model_file(cfg: ModelConfig, seed: int) -> Path:
-    """The GGUF llama.cpp runs: the user's file, or the config's written with seeded weights."""
+    """The GGUF llama.cpp runs: the user's file, or the config's written with seeded weights (in
+    the config's block type when ``--weight-dtype`` names one: the blocks the reference runs)."""
     from ..models import from_gguf
     from ..models.gguf_write import cached_gguf
 
@@ -81,7 +83,7 @@ def model_file(cfg: ModelConfig, seed: int) -> Path:
             raise BackendError(f"{src} has {n_file} layers and llama.cpp runs a GGUF as it is: drop --layers "
                                f"({cfg.n_layer}) or pass the preset name to write a {cfg.n_layer}-layer GGUF")
         return Path(src)
-    return cached_gguf(cfg, seed=seed)
+    return cached_gguf(cfg, seed=seed, qtype=cfg.weight_dtype if is_quantized(cfg.weight_dtype) else "f16")
 
 
 def has_gdn(cfg: ModelConfig) -> bool:

@@ -1,12 +1,25 @@
 """Host memory for the NumPy executors: one byte array per buffer, views read and written
-through strides, so aliasing done by the allocator or by copy elimination behaves as on a GPU."""
+through strides, so aliasing done by the allocator or by copy elimination behaves as on a GPU.
+A view of a ggml block type reads as its dequantised values and is written by quantising."""
 
 from __future__ import annotations
 
 import numpy as np
 
-from ..graph import DTYPES, Buffer, View
+from ..graph import DTYPES, Buffer, View, is_quantized
+from ..models.quant import dequantize, quantize
 from ..models.weights import from_bf16, to_bf16
+
+
+def decode(raw: np.ndarray, dtype: str) -> np.ndarray:
+    """A storage array (as :meth:`Memory.raw` gives it) as float32 values (ints stay ints)."""
+    if is_quantized(dtype):
+        return dequantize(raw.reshape(*raw.shape[:-2], raw.shape[-2] * raw.shape[-1]), dtype)
+    if dtype == "bf16":
+        return from_bf16(raw)
+    if dtype in ("i32", "i64"):
+        return raw.copy()
+    return raw.astype(np.float32)
 
 
 class Memory:
@@ -27,18 +40,17 @@ class Memory:
         return a
 
     def raw(self, v: View) -> np.ndarray:
-        """The storage-typed strided ndarray aliasing the view's bytes."""
+        """The storage-typed strided ndarray aliasing the view's bytes (a block type's: uint8
+        ``[..., blocks, block bytes]``)."""
         base = self.buffer(v.buffer)
+        if is_quantized(v.dtype):
+            return np.ndarray((*v.counts, v.itemsize), np.uint8, buffer=base, offset=v.offset,
+                              strides=(*v.strides, 1))
         return np.ndarray(v.shape, DTYPES[v.dtype][1], buffer=base, offset=v.offset, strides=v.strides)
 
     def read(self, v: View) -> np.ndarray:
         """The view's values as float32 (ints stay ints); a copy, safe to modify."""
-        r = self.raw(v)
-        if v.dtype == "bf16":
-            return from_bf16(r)
-        if v.dtype in ("i32", "i64"):
-            return r.copy()
-        return r.astype(np.float32)
+        return decode(self.raw(v), v.dtype)
 
     def read_const(self, v: View) -> np.ndarray:
         """Like :meth:`read` for weights: the float32 conversion is cached."""
@@ -53,10 +65,13 @@ class Memory:
         values = np.broadcast_to(np.asarray(values), v.shape)
         if v.dtype == "bf16":
             r[...] = to_bf16(np.asarray(values, np.float32))
+        elif is_quantized(v.dtype):
+            r[...] = quantize(np.asarray(values, np.float32), v.dtype).reshape(r.shape)
         else:
             r[...] = values
 
     def load(self, v: View, storage: np.ndarray) -> None:
         """Put an array already in the view's storage dtype (weights)."""
-        self.raw(v)[...] = storage.reshape(v.shape)
+        r = self.raw(v)
+        r[...] = storage.reshape(r.shape)
         self._f32_cache = {k: a for k, a in self._f32_cache.items() if k[0] != v.buffer.name}

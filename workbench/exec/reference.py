@@ -29,11 +29,13 @@ def execute_graph(graph: Graph, mem: Memory) -> None:
 
 
 def load_static(graph: Graph, mem: Memory, weights: dict[str, np.ndarray]) -> None:
-    """Weights and constants into memory (once)."""
+    """Weights and constants into memory (once); weights read from a GGUF hold the load-time
+    folds already (``folded``)."""
+    folded = getattr(weights, "folded", False)
     for name, view in graph.weights.items():
         if name not in weights:
             raise KeyError(f"no weight {name!r} supplied")
-        mem.load(view, device_weight(graph, name, weights[name]))
+        mem.load(view, weights[name] if folded else device_weight(graph, name, weights[name]))
     for name, value in graph.meta.get("consts", {}).items():
         mem.write(graph.consts[name], value)
 

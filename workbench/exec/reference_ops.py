@@ -14,7 +14,7 @@ from . import (
     reference_fused,  # noqa: F401  (registers the fused ops of the Strategy fusions)
     reference_gdn,  # noqa: F401  (registers the gated-delta-net ops in NUMPY_OPS)
 )
-from .memory import Memory
+from .memory import Memory, decode
 from .reference_base import NUMPY_OPS, _out, _src, numpy_op, rms_norm, sigmoid, silu, softmax
 
 __all__ = ["NUMPY_OPS", "attend", "rms_norm", "rope", "sigmoid", "silu", "softmax"]
@@ -24,9 +24,7 @@ __all__ = ["NUMPY_OPS", "attend", "rms_norm", "rope", "sigmoid", "silu", "softma
 def get_rows(node: Node, mem: Memory) -> None:
     table, ids = node.srcs
     idx = mem.read(ids).astype(np.int64).reshape(-1)
-    rows = mem.raw(table)[idx]
-    from ..models.weights import to_float32
-    _out(node, mem, to_float32(rows, table.dtype))
+    _out(node, mem, decode(mem.raw(table)[idx], table.dtype))
 
 
 @numpy_op("RMS_NORM")
@@ -144,13 +142,19 @@ def op_mul_mat_id(node: Node, mem: Memory) -> None:
     wv = node.srcs[0]
     ids = mem.read(node.srcs[2]).astype(np.int64).reshape(-1)
     x = _src(node, mem, 1).reshape(-1, wv.shape[-1])
-    from ..models.weights import to_float32
     out = np.empty((len(ids), wv.shape[1]), np.float32)
     raw = mem.raw(wv)
     for i, e in enumerate(ids):
-        w = to_float32(raw[e], wv.dtype)
+        w = decode(raw[e], wv.dtype)
         out[i] = w @ x[i if x.shape[0] > 1 else 0]
     _out(node, mem, out)
+
+
+@numpy_op("QUANTIZE_Q8_1")
+def op_quantize_q8_1(node: Node, mem: Memory) -> None:
+    """The activation as q8_1 blocks (Memory.write quantises as CUDA's quantize_q8_1); the
+    mat-mul reading them sees ``q * d``, the values llama.cpp's integer dot products multiply."""
+    _out(node, mem, _src(node, mem, 0))
 
 
 @numpy_op("SET_ROWS")

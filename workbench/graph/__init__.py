@@ -2,9 +2,9 @@
 
 from .graph import Graph, GraphBuilder, Node
 from .ops import KERNEL_FAMILIES, OPS, OpInfo, op_info
-from .tensor import DTYPES, Buffer, View, contiguous_strides, itemsize
+from .tensor import BLOCK_TYPES, DTYPES, Buffer, View, contiguous_strides, is_quantized, itemsize
 
 __all__ = [
-    "DTYPES", "KERNEL_FAMILIES", "OPS", "Buffer", "Graph", "GraphBuilder", "Node", "OpInfo", "View",
-    "contiguous_strides", "itemsize", "op_info",
+    "BLOCK_TYPES", "DTYPES", "KERNEL_FAMILIES", "OPS", "Buffer", "Graph", "GraphBuilder", "Node", "OpInfo", "View",
+    "contiguous_strides", "is_quantized", "itemsize", "op_info",
 ]

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from .ops import op_info
-from .tensor import Buffer, View, contiguous_strides, itemsize
+from .tensor import Buffer, View, contiguous_strides, nbytes_of
 
 
 @dataclass(frozen=True, eq=False)
@@ -148,19 +148,23 @@ class GraphBuilder:
         self.consts: dict[str, View] = {}
         self.meta: dict[str, Any] = {}
         self._names: set[str] = set()
+        #: ``(name, shape, dtype) -> dtype`` a model sets to store some weights in another type
+        #: than the one asked for (which tensors a quantised GGUF keeps in f32 or f16)
+        self.weight_type: Callable[[str, tuple[int, ...], str], str] | None = None
 
     # -- persistent tensors --------------------------------------------------------------------
     def _persistent(self, table: dict[str, View], kind: str, name: str, shape: Iterable[int], dtype: str) -> View:
         shape = tuple(int(s) for s in shape)
-        nbytes = itemsize(dtype)
-        for s in shape:
-            nbytes *= s
+        nbytes = nbytes_of(shape, dtype)
         v = View(Buffer(name, nbytes, kind), 0, shape, contiguous_strides(shape, dtype), dtype)
         table[name] = v
         return v
 
     def weight(self, name: str, shape: Iterable[int], dtype: str) -> View:
         """A model weight, named with its Hugging Face tensor name."""
+        shape = tuple(int(s) for s in shape)
+        if self.weight_type is not None:
+            dtype = self.weight_type(name, shape, dtype)
         return self._persistent(self.weights, "weight", name, shape, dtype)
 
     def const(self, name: str, shape: Iterable[int], dtype: str = "f32") -> View:
@@ -184,9 +188,7 @@ class GraphBuilder:
 
     def scratch(self, name: str, shape: Iterable[int], dtype: str = "f32", kind: str = "act") -> View:
         shape = tuple(int(s) for s in shape)
-        nbytes = itemsize(dtype)
-        for s in shape:
-            nbytes *= s
+        nbytes = nbytes_of(shape, dtype)
         return View(Buffer(name, nbytes, kind), 0, shape, contiguous_strides(shape, dtype), dtype)
 
     def node(self, op: str, name: str, srcs: Iterable[View], outs: Iterable[View], **params: Any) -> Node:

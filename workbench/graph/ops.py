@@ -65,8 +65,9 @@ def _mul_mat_id_fraction_bias(n: Node) -> float:
 
 
 def _get_rows_bytes(n: Node) -> float:
-    # reads only the selected rows of the table
-    return 2.0 * n.dst.nbytes + n.srcs[1].nbytes
+    # reads only the selected rows of the table (in its storage type) and writes them as f32
+    table = n.srcs[0]
+    return n.dst.nbytes * table.nbytes / (table.numel * 4) + n.dst.nbytes + n.srcs[1].nbytes
 
 
 def _set_rows_bytes(n: Node) -> float:
@@ -167,6 +168,7 @@ _op("MUL_MAT_ID_GLU", "mul_mat", _mul_mat_id_glu_flops, _mul_mat_id_glu_bytes)  
 _op("ROPE_SET_ROWS", "rope", lambda n: 6.0 * n.srcs[0].numel, _rope_set_rows_bytes)  # rope-set-rows: into the cache
 _op("TOPK_MOE", "softmax", lambda n: float(n.srcs[0].numel * 13), _multi_out_bytes)  # topk-moe fusion
 _op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1)))  # add-chain: a + b + c ...
+_op("QUANTIZE_Q8_1", "elementwise", _elementwise_flops(3))  # |x| max, scale, round per value
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)
 _op("SILU", "elementwise", _elementwise_flops(4))

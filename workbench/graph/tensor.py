@@ -21,23 +21,63 @@ DTYPES: dict[str, tuple[int, np.dtype]] = {
     "i64": (8, np.dtype(np.int64)),
 }
 
+#: ggml's block types: dtype name -> (values per block, bytes per block). A view of one has its
+#: shape in values and its last stride in bytes per block (ggml's ``nb[0] = type_size``), so a
+#: row of ``n`` values spans ``n / block * type_size`` bytes. q8_1 is the activation type
+#: llama.cpp's CUDA mat-vec quantises its input to (``QUANTIZE_Q8_1``); q6_k is read from GGUF
+#: files only (the output and some layers of a Q4_K_M file).
+BLOCK_TYPES: dict[str, tuple[int, int]] = {
+    "q8_0": (32, 34),
+    "q4_0": (32, 18),
+    "q4_k": (256, 144),
+    "mxfp4": (32, 17),
+    "q6_k": (256, 210),
+    "q8_1": (32, 36),
+}
+
 #: What a buffer holds; decides whether the allocator may place it in the reusable arena.
 BUFFER_KINDS = ("weight", "const", "cache", "input", "output", "act")
 PERSISTENT_KINDS = frozenset({"weight", "const", "cache", "input", "output"})
 
 
 def itemsize(dtype: str) -> int:
-    """Bytes per element of a workbench dtype name."""
+    """Bytes per element of a workbench dtype name (per block of a block type: ggml_type_size)."""
+    if dtype in BLOCK_TYPES:
+        return BLOCK_TYPES[dtype][1]
     try:
         return DTYPES[dtype][0]
     except KeyError:
-        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPES)}") from None
+        raise ValueError(f"unknown dtype {dtype!r}; known: {sorted(DTYPES) + sorted(BLOCK_TYPES)}") from None
+
+
+def block_size(dtype: str) -> int:
+    """Values per storage unit: ggml's block size (1 for plain types)."""
+    return BLOCK_TYPES[dtype][0] if dtype in BLOCK_TYPES else 1
+
+
+def is_quantized(dtype: str) -> bool:
+    return dtype in BLOCK_TYPES
+
+
+def storage_counts(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
+    """Units per axis: the last axis of a block type counts blocks (it must hold whole ones)."""
+    b = block_size(dtype)
+    if b == 1 or not shape:
+        return tuple(shape)
+    if shape[-1] % b:
+        raise ValueError(f"a {dtype} row of {shape[-1]} values is not a whole number of blocks of {b}")
+    return (*shape[:-1], shape[-1] // b)
+
+
+def nbytes_of(shape: tuple[int, ...], dtype: str) -> int:
+    """Bytes of a contiguous tensor (ggml_nbytes)."""
+    return prod(storage_counts(tuple(shape), dtype)) * itemsize(dtype)
 
 
 def contiguous_strides(shape: tuple[int, ...], dtype: str) -> tuple[int, ...]:
-    """Row-major byte strides for ``shape``."""
+    """Row-major byte strides for ``shape`` (a block type's last stride is its block's bytes)."""
     strides, acc = [], itemsize(dtype)
-    for n in reversed(shape):
+    for n in reversed(storage_counts(tuple(shape), dtype)):
         strides.append(acc)
         acc *= n
     return tuple(reversed(strides))
@@ -102,20 +142,25 @@ class View:
         return itemsize(self.dtype)
 
     @property
+    def counts(self) -> tuple[int, ...]:
+        """Storage units per axis (blocks along the last axis of a block type)."""
+        return storage_counts(self.shape, self.dtype)
+
+    @property
     def nbytes(self) -> int:
         """Bytes of data in the view (not of the span it covers)."""
-        return self.numel * self.itemsize
+        return prod(self.counts) * self.itemsize
 
     @property
     def start(self) -> int:
-        return self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides) if s < 0)
+        return self.offset + sum((n - 1) * s for n, s in zip(self.counts, self.strides) if s < 0)
 
     @property
     def end(self) -> int:
         """One past the last byte the view can touch."""
         if self.numel == 0:
             return self.offset
-        return self.offset + sum((n - 1) * s for n, s in zip(self.shape, self.strides) if s > 0) + self.itemsize
+        return self.offset + sum((n - 1) * s for n, s in zip(self.counts, self.strides) if s > 0) + self.itemsize
 
     @property
     def is_contiguous(self) -> bool:
@@ -126,7 +171,7 @@ class View:
         conservative span when the view has more than ``limit`` disjoint runs."""
         if self.numel == 0:
             return []
-        dims = [(n, s) for n, s in zip(self.shape, self.strides) if n > 1]
+        dims = [(n, s) for n, s in zip(self.counts, self.strides) if n > 1]
         run = self.itemsize
         # Fold innermost dims that are contiguous with the run into one run.
         while dims and dims[-1][1] == run:
@@ -169,12 +214,17 @@ class View:
         """Sub-range ``[start, stop)`` along ``axis`` (ggml_view with an offset)."""
         if not 0 <= start <= stop <= self.shape[axis]:
             raise ValueError(f"slice [{start}:{stop}] out of range for axis {axis} of {self.shape}")
+        b = block_size(self.dtype) if axis in (-1, len(self.shape) - 1) else 1
+        if start % b or stop % b:
+            raise ValueError(f"slice [{start}:{stop}] of a {self.dtype} row must keep whole blocks of {b}")
         shape = list(self.shape)
         shape[axis] = stop - start
-        return replace(self, offset=self.offset + start * self.strides[axis], shape=tuple(shape))
+        return replace(self, offset=self.offset + start // b * self.strides[axis], shape=tuple(shape))
 
     def permute(self, *axes: int) -> View:
         """Permuted axes, no data movement (ggml_permute / ggml_transpose)."""
+        if is_quantized(self.dtype) and axes[-1] != len(self.shape) - 1:
+            raise ValueError(f"a {self.dtype} view keeps its rows of blocks last; cannot permute {axes}")
         return replace(self, shape=tuple(self.shape[a] for a in axes), strides=tuple(self.strides[a] for a in axes))
 
     def rebase(self, buffer: Buffer, offset_delta: int) -> View:

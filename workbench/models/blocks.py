@@ -8,10 +8,28 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import GraphBuilder, View
+from ..graph import GraphBuilder, View, is_quantized
 from .config import KV_PAD, ModelConfig
 from .hf_keys import sliding_layers, sliding_window
 from .rope import rope_params, rotary_dims
+from .weight_types import weight_typer
+
+
+def model_builder(cfg: ModelConfig) -> GraphBuilder:
+    """A GraphBuilder whose weights take the storage types of ``cfg`` (block types per tensor)."""
+    b = GraphBuilder(cfg.name)
+    b.weight_type = weight_typer(cfg)
+    return b
+
+
+def mat_input(b: GraphBuilder, w: View, x: View, name: str) -> View:
+    """What a mat-mul of ``w`` reads as its activation: ``x``, or for a block-quantised ``w``
+    ``x`` quantised to q8_1 by a node of its own (``name_q8_1``), as llama.cpp's CUDA mat-vec
+    (mmvq) launches ``quantize_q8_1`` before each quantised mat-vec and then takes integer
+    dot products. Its own node, so PDL, streams and fusions see the kernel llama.cpp runs."""
+    if not is_quantized(w.dtype):
+        return x
+    return b.op("QUANTIZE_Q8_1", f"{name}_q8_1", [x], x.shape, dtype="q8_1")
 
 
 def rms_norm(b: GraphBuilder, x: View, weight: View, eps: float, name: str, rms_name: str | None = None) -> View:
@@ -23,7 +41,7 @@ def rms_norm(b: GraphBuilder, x: View, weight: View, eps: float, name: str, rms_
 
 def linear(b: GraphBuilder, x: View, w: View, name: str, bias: View | None = None) -> View:
     """``MUL_MAT`` of a [out, in] weight with a [1, in] activation (+ a bias ``ADD``)."""
-    out = b.op("MUL_MAT", name, [w, x], (1, w.shape[0]))
+    out = b.op("MUL_MAT", name, [w, mat_input(b, w, x, name)], (1, w.shape[0]))
     if bias is not None:
         out = b.op("ADD", f"{name}_b", [out, bias.reshape((1, bias.numel))], out.shape)
     return out
@@ -155,7 +173,7 @@ def lm_head(b: GraphBuilder, cfg: ModelConfig, x: View) -> View:
         w = b.weights["model.embed_tokens.weight"]
     else:
         w = b.weight("lm_head.weight", (vocab, d), cfg.weight_dtype)
-    logits = b.op("MUL_MAT", "result_output", [w, x], (1, vocab), kind="output")
+    logits = b.op("MUL_MAT", "result_output", [w, mat_input(b, w, x, "result_output")], (1, vocab), kind="output")
     b.output("logits", logits)
     return logits
 

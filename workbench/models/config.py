@@ -51,6 +51,9 @@ class ModelConfig:
     swa_full: bool = False
     #: llama.cpp's ``-ub`` (micro-batch), which sizes the iSWA ring.
     n_ubatch: int = 512
+    #: per weight (HF name), the ggml type a GGUF stores it in; None: ``weight_dtype`` and the
+    #: rules of ``workbench.models.weight_types``.
+    tensor_types: tuple[tuple[str, str], ...] | None = None
 
     def __post_init__(self) -> None:
         validate_config(self)  # every way of making a config (preset, config.json, GGUF, with_) passes here
@@ -107,8 +110,8 @@ class ModelConfig:
             if context < 1:
                 raise ConfigError(f"--context must be >= 1, got {context}")
             new = replace(new, context=int(context))
-        if weight_dtype is not None:
-            new = replace(new, weight_dtype=weight_dtype)
+        if weight_dtype is not None and weight_dtype != new.weight_dtype:
+            new = replace(new, weight_dtype=weight_dtype, tensor_types=None)  # a GGUF's own types no more
         if kv_dtype is not None:
             new = replace(new, kv_dtype=kv_dtype)
         if swa_full is not None:
@@ -158,18 +161,18 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
     means tied embeddings). Llama-3 GGUFs carry their rope scaling as a ``rope_freqs`` tensor
     rather than metadata: its values become ``ModelConfig.rope_freq_factors`` (ggml's frequency
     factors, applied by ``workbench.models.rope``), so the config rotates exactly as llama.cpp does.
-    ``ModelConfig.source`` is the file, for backends that run it (``llamacpp``).
+    ``ModelConfig.source`` is the file, for backends that run it (``llamacpp``) and read its
+    weights (``reference``: ``workbench.models.gguf_read``); ``weight_dtype`` and
+    ``tensor_types`` are the file's storage types.
     """
-    import gguf
     import numpy as np
+
+    from .gguf_read import file_types, open_gguf
 
     path = Path(path)
     if not path.is_file():
         raise ConfigError(f"no GGUF file at {path}")
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # the gguf package raises plain ValueErrors for bad magic etc.
-        raise ConfigError(f"{path} is not a readable GGUF file: {e}") from None
+    reader = open_gguf(path)
 
     def value(key: str, default: Any = ...) -> Any:
         f = reader.fields.get(key)
@@ -262,4 +265,6 @@ def from_gguf(path: str | Path, **runtime: Any) -> ModelConfig:
         factors = tuple(float(x) for x in np.asarray(t.data, np.float32).reshape(-1))
     name = str(value("general.name", path.stem))
     cfg = ModelConfig(name, canonical(hf, name), rope_freq_factors=factors, source=str(path.resolve()))
+    weight_dtype, types = file_types(cfg, reader, path)  # the file's storage, per tensor
+    cfg = replace(cfg, weight_dtype=weight_dtype, tensor_types=types)
     return cfg.with_(**runtime) if runtime else cfg

@@ -14,7 +14,11 @@ renamed and laid out as ``convert_hf_to_gguf.py`` does for the architecture, so 
   ``attn_gate`` (z), ``in_proj_ba`` as ``ssm_ba``, the converter's folds (norms stored
   as ``1 + w``, ``A`` as ``-exp(A_log)``) applied;
 - a working byte-level BPE vocabulary (the 256 GPT-2 byte tokens, filler pieces up to the
-  model's vocabulary size, two control tokens where there is room).
+  model's vocabulary size, two control tokens where there is room);
+- ``qtype`` q8_0, q4_0, q4_k, mxfp4: the graph's own quantised blocks (``--weight-dtype``, per
+  tensor as ``workbench.models.weight_types`` says), written byte for byte, so llama.cpp reads
+  exactly the blocks the reference dequantises; quantised rows are permuted and split as whole
+  rows (gpt-oss experts are already stored output-major then).
 
 Tensors are produced one at a time, so the full-size presets stream to disk.
 """
@@ -29,17 +33,25 @@ from pathlib import Path
 
 import numpy as np
 
+from ..graph import is_quantized
 from .config import GGUF_ARCHS, ConfigError, ModelConfig
 from .rope import rope_params
+from .validate import WEIGHT_QTYPES
 
 #: Hugging Face ``model_type`` -> GGUF ``general.architecture``.
 ARCH_OF = {mt: arch for arch, mt in GGUF_ARCHS.items()}
 
-#: ``--qtype`` -> how the matrices are stored. f16/f32 now; ggml's block types plug in here.
-QTYPES = ("f16", "f32")
+#: ``--qtype`` -> how the matrices are stored: f16/f32, or a ggml block type (``--weight-dtype``).
+QTYPES = ("f16", "f32", *WEIGHT_QTYPES)
 
 #: Bumped when the file layout changes, so cached files are rewritten.
 WRITER_VERSION = 1
+
+#: workbench dtype -> ggml type name (``gguf.GGMLQuantizationType``) and the file type it makes.
+GGML_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
+              "q6_k": "Q6_K", "mxfp4": "MXFP4"}
+FILE_TYPES = {"f32": "ALL_F32", "f16": "MOSTLY_F16", "q8_0": "MOSTLY_Q8_0", "q4_0": "MOSTLY_Q4_0",
+              "q4_k": "MOSTLY_Q4_K_S", "mxfp4": "MOSTLY_MXFP4_MOE"}
 
 Array = np.ndarray
 Rule = Callable[[Array], list[tuple[str, Array]]]
@@ -128,8 +140,8 @@ def tensor_rules(cfg: ModelConfig, graph) -> dict[str, Rule]:
     tmap = gguf.get_tensor_name_map(_arch_enum(arch), cfg.n_layer)
     mt = cfg.model_type
     rules: dict[str, Rule] = {}
-    for name in graph.weights:
-        rules[name] = _rule(name, cfg, mt, tmap)
+    for name, view in graph.weights.items():
+        rules[name] = _rule(name, cfg, mt, tmap, rows=is_quantized(view.dtype))
     return rules
 
 
@@ -142,7 +154,8 @@ def _arch_enum(arch: str):
     raise GGUFWriteError(f"gguf-py does not know the architecture {arch!r}; upgrade the gguf package")
 
 
-def _rule(name: str, cfg: ModelConfig, mt: str, tmap) -> Rule:
+def _rule(name: str, cfg: ModelConfig, mt: str, tmap, rows: bool = False) -> Rule:
+    """``rows``: the tensor is quantised, stored as the GGUF's [.., out, in] blocks already."""
     parts = name.split(".")
     il = int(parts[2]) if name.startswith("model.layers.") else None
     blk = f"blk.{il}"
@@ -157,7 +170,12 @@ def _rule(name: str, cfg: ModelConfig, mt: str, tmap) -> Rule:
                                  "TensorNameMap; upgrade the gguf package")
         return out + (suffix or (".bias" if name.endswith(".bias") else ".weight"))
 
-    one = lambda target: (lambda a: [(target, a)])  # noqa: E731
+    def one(target: str) -> Rule:
+        """The tensor as it is, renamed (``identity``: the reader maps it without an index)."""
+        fn = lambda a: [(target, a)]  # noqa: E731
+        fn.identity = True  # type: ignore[attr-defined]
+        return fn
+
     if mt == "llama" and name.endswith(("q_proj.weight", "k_proj.weight")):
         heads = n_head if "q_proj" in name else n_kv
         target = mapped()
@@ -165,6 +183,8 @@ def _rule(name: str, cfg: ModelConfig, mt: str, tmap) -> Rule:
     if name.endswith("self_attn.sinks"):
         return one(f"{blk}.attn_sinks.weight")
     if name.endswith("experts.gate_up_proj"):
+        if mt == "gpt_oss" and rows:  # [E, 2*ff, in blocks], gate/up rows interleaved
+            return lambda a: [(f"{blk}.ffn_gate_exps.weight", a[:, 0::2]), (f"{blk}.ffn_up_exps.weight", a[:, 1::2])]
         if mt == "gpt_oss":  # [E, in, 2*ff], gate/up interleaved along the last axis
             return lambda a: [(f"{blk}.ffn_gate_exps.weight", a.transpose(0, 2, 1)[:, 0::2]),
                               (f"{blk}.ffn_up_exps.weight", a.transpose(0, 2, 1)[:, 1::2])]
@@ -173,7 +193,7 @@ def _rule(name: str, cfg: ModelConfig, mt: str, tmap) -> Rule:
     if name.endswith("experts.gate_up_proj_bias"):
         return lambda a: [(f"{blk}.ffn_gate_exps.bias", a[:, 0::2]), (f"{blk}.ffn_up_exps.bias", a[:, 1::2])]
     if name.endswith("experts.down_proj"):
-        if mt == "gpt_oss":  # [E, ff, d] input-major
+        if mt == "gpt_oss" and not rows:  # [E, ff, d] input-major
             return lambda a: [(f"{blk}.ffn_down_exps.weight", a.transpose(0, 2, 1))]
         return one(f"{blk}.ffn_down_exps.weight")
     if name.endswith("experts.down_proj_bias"):
@@ -210,25 +230,36 @@ def _gdn_rule(name: str, cfg: ModelConfig, blk: str, mapped: Callable[..., str])
         return lambda a: [(f"{blk}.ssm_dt.bias", a)]
     if name.endswith("A_log"):
         return lambda a: [(f"{blk}.ssm_a", a)]
-    return lambda a: [(mapped(), a)]
+    target = mapped()
+    fn = lambda a: [(target, a)]  # noqa: E731
+    fn.identity = True  # type: ignore[attr-defined]
+    return fn
 
 
 #: GGUF tensors the converter always stores in f32 (routers, norms, biases, recurrent params).
 F32_SUFFIXES = ("ffn_gate_inp.weight", "ffn_gate_inp_shexp.weight", "ssm_conv1d.weight")
 
 
-def ggml_type(gguf_name: str, arr: Array, qtype: str):
-    """The ggml type a tensor is stored as: matrices in ``qtype``, the rest f32."""
+def ggml_type(gguf_name: str, arr: Array, qtype: str, dtype: str | None = None):
+    """The ggml type a tensor is stored as: a quantised graph tensor (``dtype``) in its block
+    type, other matrices in ``qtype`` (or, in a quantised file, as the graph keeps them), the
+    rest f32."""
     import gguf
 
+    T = gguf.GGMLQuantizationType
+    if dtype is not None and is_quantized(dtype):
+        return T[GGML_NAMES[dtype]]
     if arr.ndim < 2 or gguf_name.endswith(F32_SUFFIXES) or arr.dtype == np.float32 and gguf_name.endswith(".bias"):
-        return gguf.GGMLQuantizationType.F32
-    return {"f16": gguf.GGMLQuantizationType.F16, "f32": gguf.GGMLQuantizationType.F32}[qtype]
+        return T.F32
+    if is_quantized(qtype):
+        return T.F32 if dtype == "f32" else T.F16  # what weight_types kept unquantised
+    return T[GGML_NAMES[qtype]]
 
 
-def gguf_tensors(cfg: ModelConfig, graph, weight: Callable[[str], Array]) -> Iterator[tuple[str, Array]]:
-    """(GGUF name, float array) for every tensor, in the converter's order (embeddings, rope
-    factors, blocks, output). ``weight(hf_name)`` gives a graph weight's storage array."""
+def gguf_tensors(cfg: ModelConfig, graph, weight: Callable[[str], Array]) -> Iterator[tuple[str, Array, str]]:
+    """(GGUF name, array, graph dtype) for every tensor, in the converter's order (embeddings,
+    rope factors, blocks, output). ``weight(hf_name)`` gives a graph weight's storage array; the
+    array is float, or for a quantised tensor its uint8 blocks ``[..., row bytes]``."""
     from .weights import device_weight, to_float32
 
     rules = tensor_rules(cfg, graph)
@@ -242,11 +273,13 @@ def gguf_tensors(cfg: ModelConfig, graph, weight: Callable[[str], Array]) -> Ite
     names = sorted(graph.weights, key=key)
     for i, name in enumerate(names):
         if factors is not None and key(name)[0] == 1 and (i == 0 or key(names[i - 1])[0] == 0):
-            yield "rope_freqs.weight", factors
+            yield "rope_freqs.weight", factors, "f32"
+        dtype = graph.weights[name].dtype
         arr = device_weight(graph, name, weight(name))
-        arr = arr if arr.dtype in (np.float16, np.float32) else to_float32(arr, graph.weights[name].dtype)
+        if not is_quantized(dtype) and arr.dtype not in (np.float16, np.float32):
+            arr = to_float32(arr, dtype)
         for gname, a in rules[name](arr):
-            yield gname, np.ascontiguousarray(a)
+            yield gname, np.ascontiguousarray(a), dtype
 
 
 # ------------------------------------------------------------------------------------------
@@ -261,7 +294,7 @@ def add_metadata(w, cfg: ModelConfig, qtype: str) -> None:
     mt = cfg.model_type
     hd = cfg.head_dim
     w.add_name(cfg.name)
-    w.add_file_type({"f16": gguf.LlamaFileType.MOSTLY_F16, "f32": gguf.LlamaFileType.ALL_F32}[qtype])
+    w.add_file_type(gguf.LlamaFileType[FILE_TYPES[qtype]])
     w.add_context_length(int(cfg.get("max_position_embeddings")))
     w.add_embedding_length(int(cfg.get("hidden_size")))
     w.add_block_count(cfg.n_layer)
@@ -316,7 +349,9 @@ def add_metadata(w, cfg: ModelConfig, qtype: str) -> None:
 # ------------------------------------------------------------------------------------------
 
 def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str = "f16") -> Path:
-    """Write ``cfg`` with ``random_weights(build_graph(cfg), seed)`` as a GGUF at ``path``."""
+    """Write ``cfg`` with ``random_weights(build_graph(cfg), seed)`` as a GGUF at ``path``
+    (a block ``qtype``: of ``cfg.with_(weight_dtype=qtype)``, the weights a run with
+    ``--weight-dtype qtype`` draws)."""
     import gguf
 
     from . import build_graph
@@ -327,8 +362,11 @@ def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str 
     if cfg.model_type not in ARCH_OF:
         raise GGUFWriteError(f"{cfg.name}: model_type {cfg.model_type!r} has no GGUF architecture here; "
                              f"supported: {', '.join(sorted(ARCH_OF))}")
-    if cfg.weight_dtype != "f16":
-        raise GGUFWriteError(f"{cfg.name}: weight dtype {cfg.weight_dtype!r}: the GGUF writer takes f16 weights")
+    if is_quantized(qtype) and cfg.weight_dtype in ("f16", qtype):
+        cfg = cfg.with_(weight_dtype=qtype)
+    elif cfg.weight_dtype != "f16":
+        raise GGUFWriteError(f"{cfg.name}: weight dtype {cfg.weight_dtype!r}: the GGUF writer takes f16 weights "
+                             "(or the --qtype's own)")
     graph = build_graph(cfg, n_kv=1)  # weights do not depend on the KV length
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -337,22 +375,24 @@ def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str 
     # pass 1: names, shapes and types (zeros: calloc'd pages, no weights generated)
     def shape_only(name: str) -> Array:
         v = graph.weights[name]
+        if is_quantized(v.dtype):
+            return np.zeros((*v.counts, v.itemsize), np.uint8).reshape(*v.shape[:-1], -1)
         return np.zeros(v.shape, np.float16 if v.dtype == "f16" else np.float32)
 
     w = gguf.GGUFWriter(str(tmp), ARCH_OF[cfg.model_type])
     add_metadata(w, cfg, qtype)
     infos = []
-    for gname, a in gguf_tensors(cfg, graph, shape_only):
-        tt = ggml_type(gname, a, qtype)
-        dt = np.float16 if tt == gguf.GGMLQuantizationType.F16 else np.float32
+    for gname, a, dtype in gguf_tensors(cfg, graph, shape_only):
+        tt = ggml_type(gname, a, qtype, dtype)
+        dt = np.uint8 if is_quantized(dtype) else np.float16 if tt == gguf.GGMLQuantizationType.F16 else np.float32
         w.add_tensor_info(gname, a.shape, np.dtype(dt), a.size * np.dtype(dt).itemsize, raw_dtype=tt)
         infos.append((gname, dt))
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     # pass 2: the values, one HF tensor at a time
-    for (gname, dt), (gname2, a) in zip(infos, gguf_tensors(cfg, graph, lambda n: random_weight(graph, n, seed)),
-                                        strict=True):
+    for (gname, dt), (gname2, a, _) in zip(infos, gguf_tensors(cfg, graph, lambda n: random_weight(graph, n, seed)),
+                                           strict=True):
         assert gname == gname2
         w.write_tensor_data(np.ascontiguousarray(a.astype(dt, copy=False)))
     w.close()

@@ -6,14 +6,23 @@ llama.cpp's mul_mat+bias fusion may fold); sliding-window layers (Qwen3) use ``k
 
 from __future__ import annotations
 
-from ..graph import Graph, GraphBuilder
-from .blocks import StepInputs, dense_ffn, embed, ffn_norm, lm_head, residual_layer_start, self_attention
+from ..graph import Graph
+from .blocks import (
+    StepInputs,
+    dense_ffn,
+    embed,
+    ffn_norm,
+    lm_head,
+    model_builder,
+    residual_layer_start,
+    self_attention,
+)
 from .config import ModelConfig
 
 
 def build_dense(cfg: ModelConfig, n_kv: int, qk_norm: bool) -> Graph:
     """One decode step attending over ``n_kv`` cache rows."""
-    b = GraphBuilder(cfg.name)
+    b = model_builder(cfg)
     d, ff = cfg.get("hidden_size"), cfg.get("intermediate_size")
     inp = StepInputs(b, cfg, n_kv)
     x = embed(b, cfg, inp)

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..graph import Graph, GraphBuilder, View
+from ..graph import Graph, GraphBuilder, View, is_quantized
 from .blocks import (
     StepInputs,
     dense_ffn,
@@ -19,6 +19,8 @@ from .blocks import (
     ffn_norm,
     linear,
     lm_head,
+    mat_input,
+    model_builder,
     residual_layer_start,
     self_attention,
 )
@@ -62,36 +64,46 @@ def qwen3_moe_experts(b: GraphBuilder, cfg: ModelConfig, il: int) -> Experts:
 def gpt_oss_experts(b: GraphBuilder, cfg: ModelConfig, il: int) -> Experts:
     """HF gpt-oss layout: ``gate_up_proj`` [E, d, 2*n_ff] stored input-major with gate and up
     *interleaved* along the last axis (gate = columns 0, 2, 4, ..., up = 1, 3, 5, ...),
-    ``down_proj`` [E, n_ff, d] input-major, biases ``*_bias`` [E, out], router with bias."""
+    ``down_proj`` [E, n_ff, d] input-major, biases ``*_bias`` [E, out], router with bias.
+
+    A block type quantises along the input axis, so with one the same tensors are stored
+    transposed, output-major as in the GGUF: ``gate_up_proj`` [E, 2*n_ff, d] (rows gate 0, up 0,
+    gate 1, ...) and ``down_proj`` [E, d, n_ff]; gate and up are every other row, still views."""
     d, ff, n_exp = cfg.get("hidden_size"), cfg.get("intermediate_size"), cfg.get("num_local_experts")
     wdt = cfg.weight_dtype
     pre = f"model.layers.{il}.mlp"
     router = b.weight(f"{pre}.router.weight", (n_exp, d), wdt)
     router_b = b.weight(f"{pre}.router.bias", (n_exp,), "f32")
-    gate_up = b.weight(f"{pre}.experts.gate_up_proj", (n_exp, d, 2 * ff), wdt)
     gate_up_b = b.weight(f"{pre}.experts.gate_up_proj_bias", (n_exp, 2 * ff), "f32")
-    down = b.weight(f"{pre}.experts.down_proj", (n_exp, ff, d), wdt)
     down_b = b.weight(f"{pre}.experts.down_proj_bias", (n_exp, d), "f32")
     _fan_in(b, f"{pre}.experts.gate_up_proj", d)
     _fan_in(b, f"{pre}.experts.down_proj", ff)
+    typer = b.weight_type or (lambda name, shape, dtype: dtype)
+    if is_quantized(typer(f"{pre}.experts.gate_up_proj", (n_exp, 2 * ff, d), wdt)):
+        gate_up = b.weight(f"{pre}.experts.gate_up_proj", (n_exp, 2 * ff, d), wdt)
+        down = b.weight(f"{pre}.experts.down_proj", (n_exp, d, ff), wdt)
+        gate, up = _every_other(gate_up, 0, 1), _every_other(gate_up, 1, 1)
+    else:
+        wdt = "f16" if is_quantized(wdt) else wdt  # rows of d values that are not whole blocks
+        gate_up = b.weight(f"{pre}.experts.gate_up_proj", (n_exp, d, 2 * ff), wdt)
+        down = b.weight(f"{pre}.experts.down_proj", (n_exp, ff, d), wdt).permute(0, 2, 1)
+        gate, up = _every_other(gate_up, 0, 2).permute(0, 2, 1), _every_other(gate_up, 1, 2).permute(0, 2, 1)
+    return Experts(router, gate, up, down, router_bias=router_b, gate_bias=_every_other(gate_up_b, 0, 1),
+                   up_bias=_every_other(gate_up_b, 1, 1), down_bias=down_b)
 
-    def deinterleave(w: View, which: int) -> View:
-        """Every other column of ``w`` [E, in, 2*ff] as an [E, ff, in] view (no copy)."""
-        se, si, so = w.strides
-        return replace(w, offset=w.offset + which * so, shape=(n_exp, ff, d), strides=(se, 2 * so, si))
 
-    def deinterleave_bias(bias: View, which: int) -> View:
-        se, so = bias.strides
-        return replace(bias, offset=bias.offset + which * so, shape=(n_exp, ff), strides=(se, 2 * so))
-
-    return Experts(router, deinterleave(gate_up, 0), deinterleave(gate_up, 1), down.permute(0, 2, 1),
-                   router_bias=router_b, gate_bias=deinterleave_bias(gate_up_b, 0),
-                   up_bias=deinterleave_bias(gate_up_b, 1), down_bias=down_b)
+def _every_other(v: View, which: int, axis: int) -> View:
+    """Elements ``which, which + 2, ...`` along ``axis`` of ``v`` (a strided view, no copy)."""
+    shape, strides = list(v.shape), list(v.strides)
+    offset = v.offset + which * strides[axis]
+    shape[axis] //= 2
+    strides[axis] *= 2
+    return replace(v, offset=offset, shape=tuple(shape), strides=tuple(strides))
 
 
 def _mul_mat_id(b: GraphBuilder, w: View, x: View, ids: View, bias: View | None, name: str, il: int) -> View:
     """MUL_MAT_ID of the selected experts (+ ADD_ID of their biases, ggml's ``*_biased``)."""
-    out = b.op("MUL_MAT_ID", f"{name}-{il}", [w, x, ids], (ids.numel, w.shape[1]))
+    out = b.op("MUL_MAT_ID", f"{name}-{il}", [w, mat_input(b, w, x, f"{name}-{il}"), ids], (ids.numel, w.shape[1]))
     if bias is not None:
         out = b.op("ADD_ID", f"{name}_biased-{il}", [out, bias, ids], out.shape)
     return out
@@ -151,7 +163,7 @@ def _dense_ffn(b: GraphBuilder, cfg: ModelConfig, il: int, x: View) -> View:
 def build_moe(cfg: ModelConfig, n_kv: int) -> Graph:
     """One decode step of a Qwen3-MoE or gpt-oss model attending over ``n_kv`` cache rows."""
     oai = cfg.model_type == "gpt_oss"
-    b = GraphBuilder(cfg.name)
+    b = model_builder(cfg)
     d = cfg.get("hidden_size")
     inp = StepInputs(b, cfg, n_kv)
     x = embed(b, cfg, inp)

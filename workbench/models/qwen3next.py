@@ -26,7 +26,18 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Buffer, Graph, GraphBuilder, View
-from .blocks import StepInputs, attention, embed, linear, lm_head, residual_layer_start, rms_norm, swiglu_ffn
+from .blocks import (
+    StepInputs,
+    attention,
+    embed,
+    linear,
+    lm_head,
+    mat_input,
+    model_builder,
+    residual_layer_start,
+    rms_norm,
+    swiglu_ffn,
+)
 from .config import ConfigError, ModelConfig
 from .moe import _dense_ffn, _is_sparse_layer, build_moe_ffn, qwen3_moe_experts
 
@@ -116,9 +127,11 @@ def gated_delta_net(b: GraphBuilder, cfg: ModelConfig, il: int, x: View) -> View
     w_qk = _rows(w_qkvz, 0, (2, h_k, dk, d), (dk, group, 1))
     w_v = _rows(w_qkvz, 2 * dk, (h_k, rep * dv, d), (group, 1))
     w_z = _rows(w_qkvz, 2 * dk + rep * dv, (h_k, rep * dv, d), (group, 1))
-    b.node("MUL_MAT", f"linear_attn_qk-{il}", [w_qk, x], [qkv.slice(1, 0, 2 * key_dim)])
-    b.node("MUL_MAT", f"linear_attn_v-{il}", [w_v, x], [qkv.slice(1, 2 * key_dim, conv_dim)])
-    z = b.op("MUL_MAT", f"z-{il}", [w_z, x], (1, value_dim))
+    b.node("MUL_MAT", f"linear_attn_qk-{il}", [w_qk, mat_input(b, w_qk, x, f"linear_attn_qk-{il}")],
+           [qkv.slice(1, 0, 2 * key_dim)])
+    b.node("MUL_MAT", f"linear_attn_v-{il}", [w_v, mat_input(b, w_v, x, f"linear_attn_v-{il}")],
+           [qkv.slice(1, 2 * key_dim, conv_dim)])
+    z = b.op("MUL_MAT", f"z-{il}", [w_z, mat_input(b, w_z, x, f"z-{il}")], (1, value_dim))
 
     # beta = sigmoid(b), g = A * softplus(a + dt_bias); in_proj_ba rows per key head: [b | a]
     ba = linear(b, x, w_ba, f"linear_attn_mixed_ba-{il}").reshape((h_k, 2 * rep))
@@ -195,7 +208,7 @@ def _declare_weight_handling(b: GraphBuilder) -> None:
 
 def build_qwen3next(cfg: ModelConfig, n_kv: int) -> Graph:
     """One decode step of a Qwen3-Next model attending over ``n_kv`` cache rows (full layers)."""
-    b = GraphBuilder(cfg.name)
+    b = model_builder(cfg)
     d, eps = cfg.get("hidden_size"), cfg.get("rms_norm_eps")
     inp = StepInputs(b, cfg, n_kv)
     x = embed(b, cfg, inp)

@@ -24,6 +24,10 @@ if TYPE_CHECKING:
 MAX_DIM = 2**31 - 1
 #: Storage dtypes a config may ask for (weights and KV cache).
 FLOAT_DTYPES = ("f32", "f16", "bf16")
+#: ggml block types the weights may be stored in (``workbench.models.weight_types``).
+WEIGHT_QTYPES = ("q8_0", "q4_0", "q4_k", "mxfp4")
+#: block types only read from GGUF files (no quantiser: ``--weight-dtype`` does not offer them)
+READ_QTYPES = ("q6_k",)
 
 #: Shape fields every family reads (integers >= 1).
 COMMON_SIZES = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "num_key_value_heads")
@@ -55,7 +59,7 @@ class InvalidField(ConfigError):
 def validate_config(cfg: ModelConfig) -> None:
     """Raise ``ConfigError`` on the first field a builder could not use; return otherwise."""
     v = _Checker(cfg)
-    v.choice("weight_dtype", cfg.weight_dtype, FLOAT_DTYPES)
+    v.choice("weight_dtype", cfg.weight_dtype, FLOAT_DTYPES + WEIGHT_QTYPES + READ_QTYPES)
     v.choice("kv_dtype", cfg.kv_dtype, FLOAT_DTYPES)
     v.integer("context", cfg.context, lo=1)
     family = cfg.family  # raises for an unsupported model_type

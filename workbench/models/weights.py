@@ -1,7 +1,8 @@
 """Weights: seeded random at a realistic scale, or loaded from safetensors (HF tensor names).
 
 Weights are a dict ``HF name -> numpy array`` in the graph's storage dtype (bf16 as raw
-uint16), so the same dict feeds the reference, the GPU executor and a ``transformers`` model.
+uint16, ggml's block types as their uint8 blocks ``[..., row bytes]``), so the same dict feeds
+the reference, the GPU executor and a ``transformers`` model.
 """
 
 from __future__ import annotations
@@ -11,8 +12,9 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graph import Graph, View
+from ..graph import Graph, View, is_quantized
 from .config import ConfigError
+from .quant import dequantize, quantize
 
 #: The largest finite f16 value: a checkpoint weight beyond it would become inf in f16 storage.
 F16_MAX = 65504.0
@@ -32,10 +34,14 @@ def to_storage(x: np.ndarray, dtype: str) -> np.ndarray:
     """float array -> the storage numpy array of a workbench dtype."""
     if dtype == "bf16":
         return to_bf16(x)
+    if is_quantized(dtype):
+        return quantize(x, dtype)
     return np.asarray(x).astype({"f32": np.float32, "f16": np.float16, "i32": np.int32, "i64": np.int64}[dtype])
 
 
 def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
+    if is_quantized(dtype):
+        return dequantize(x, dtype)
     return from_bf16(x) if dtype == "bf16" else np.asarray(x, dtype=np.float32)
 
 
@@ -146,8 +152,13 @@ def has_checkpoint(cfg) -> bool:
 
 
 def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
-    """The weights a run of ``cfg`` uses: the safetensors beside its config.json when it was
-    read from a folder that has them, else ``random_weights(graph, seed)``."""
+    """The weights a run of ``cfg`` uses: a GGUF's stored tensors (when read from one and kept
+    in its types), the safetensors beside its config.json when it was read from a folder that
+    has them, else ``random_weights(graph, seed)``."""
+    if cfg.source is not None and cfg.source.endswith(".gguf") and cfg.tensor_types is not None:
+        from .gguf_read import load_gguf_weights
+
+        return load_gguf_weights(graph, cfg.source)
     if has_checkpoint(cfg):
         return load_safetensors(graph, Path(cfg.source))
     return random_weights(graph, seed)

@@ -21,6 +21,7 @@ it later than the first node did); everything is matched on ops and byte ranges.
 from __future__ import annotations
 
 from ..graph import Graph, Node
+from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer
 from .rewrite import last_writer, operand_slot, output_buffers, sole_reader, stable_between, with_nodes
 
@@ -92,7 +93,7 @@ def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
     replace: dict[int, Node] = {}
     drop: set[int] = set()
     for i, n in enumerate(nodes):
-        if n.op != "MUL_MAT":
+        if n.op != "MUL_MAT" or is_quantized(n.srcs[0].dtype):  # quantised mat-vecs have no fused twin yet
             continue
         j = sole_reader(nodes, index, outputs, i)
         if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
@@ -135,7 +136,7 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         mms = [nodes[p] for p in prods]
         op = mms[0].op
-        if op not in GLU_FUSED or mms[1].op != op:
+        if op not in GLU_FUSED or mms[1].op != op or any(is_quantized(m.srcs[0].dtype) for m in mms):
             continue
         if any(sole_reader(nodes, index, outputs, p) != j for p in prods):
             continue

@@ -28,7 +28,7 @@ _lock = Lock()
 def config_key(cfg: ModelConfig) -> tuple:
     """Everything of a ModelConfig that shapes its graph (the HF dict is not part of its hash)."""
     return (cfg.name, json.dumps(cfg.hf, sort_keys=True, default=str), cfg.context, cfg.weight_dtype, cfg.kv_dtype,
-            cfg.swa_full, cfg.n_ubatch, cfg.rope_freq_factors, cfg.source)
+            cfg.swa_full, cfg.n_ubatch, cfg.rope_freq_factors, cfg.source, cfg.tensor_types)
 
 
 def plan_for(cfg: ModelConfig, strategy: Strategy, n_kv: int | None = None,

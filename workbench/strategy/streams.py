@@ -24,9 +24,10 @@ from dataclasses import dataclass
 from ..graph import Node
 from ..graph.ops import op_info
 
-#: the ops of each of the forked branches' first node (the Q, K and V projections, their bias
-#: fused in by mul-mat-add)
-FORK_CONSUMER_OPS = ("MUL_MAT", "MUL_MAT_ADD")
+#: the ops of each of the forked branches' first node: the Q, K and V projections (their bias
+#: fused in by mul-mat-add), or with quantised weights the q8_1 quantisation of their input
+#: (llama.cpp's mmvq runs it first)
+FORK_CONSUMER_OPS = ("MUL_MAT", "MUL_MAT_ADD", "QUANTIZE_Q8_1")
 #: the op where the Q, K and V branches meet
 JOIN_OP = "FLASH_ATTN_EXT"
 #: PR #16991's fan-out
