@@ -197,7 +197,8 @@ def test_no_build_given_or_a_folder_without_libllama(tmp_path, monkeypatch):
     cfg = preset("llama-tiny", context=CONTEXT)
     with pytest.raises(BackendError, match="WORKBENCH_LLAMACPP"):
         LlamaCppBackend().run(RunRequest(cfg, Strategy(), [], [1]))
-    assert LlamaCppBackend().available()[0] is False
+    ok, why = LlamaCppBackend().available()  # runnable: the build is an option, named by run's error
+    assert ok and "--llamacpp" in why
     with pytest.raises(BackendError, match="does not exist"):
         run_llamacpp(str(tmp_path / "nope"), cfg)
     with pytest.raises(BackendError, match="no libllama.so"):

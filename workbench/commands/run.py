@@ -120,11 +120,17 @@ def describe(out: dict[str, Any]) -> str:
                  f"{k}={','.join(v) if isinstance(v, list) else v}" for k, v in out["strategy"].items()
                  if k != "pdl_families" or v)]
     if out.get("us_per_token") is not None:
-        lines.append(f"{out['tokens']} tokens: {out['us_per_token']:.1f} us/token "
-                     f"({out['tokens_per_s']:.1f} tokens/s); per token {out['kernels_per_token']:.0f} kernels, "
-                     f"{out['launches_per_token']:.0f} launches, "
-                     f"{out['syncs_per_token']:.0f} syncs; GPU busy {100 * out['gpu_busy_fraction']:.1f}%; "
-                     f"host-caused GPU idle {out['host_gap_us_per_token']:.1f} us/token")
+        parts = [f"{out['tokens']} tokens: {out['us_per_token']:.1f} us/token ({out['tokens_per_s']:.1f} tokens/s)"]
+        per = [f"{out[k]:.0f} {word}" for k, word in (("kernels_per_token", "kernels"),
+                                                      ("launches_per_token", "launches"),
+                                                      ("syncs_per_token", "syncs")) if out.get(k) is not None]
+        if per:
+            parts.append("per token " + ", ".join(per))
+        if out.get("gpu_busy_fraction") is not None:
+            parts.append(f"GPU busy {100 * out['gpu_busy_fraction']:.1f}%")
+        if out.get("host_gap_us_per_token") is not None:
+            parts.append(f"host-caused GPU idle {out['host_gap_us_per_token']:.1f} us/token")
+        lines.append("; ".join(parts))
     else:
         lines.append(f"{out['tokens']} tokens (no timing from the {out['backend']} backend)")
     if out.get("floor_fraction") is not None:

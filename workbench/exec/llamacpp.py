@@ -97,10 +97,12 @@ class LlamaCppBackend:
     Options = LlamaCppOptions
 
     def available(self) -> tuple[bool, str]:
+        """Always runnable here: which build is used is an option (``build`` / ``--llamacpp``),
+        and ``run`` names a missing or unusable one."""
         try:
             folder = build_folder(LlamaCppOptions())
-        except BackendError as e:
-            return False, str(e)
+        except BackendError:
+            return True, "a llama.cpp build given by --llamacpp DIR (no WORKBENCH_LLAMACPP is set)"
         from ..llamacpp.switches import BuildInfo
 
         info = BuildInfo.of(folder)
