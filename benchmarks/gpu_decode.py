@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT))
 from workbench.exec.device import device_info as gpu_info  # noqa: E402
 from workbench.exec.kernels import graph_replay_seconds  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
+from workbench.models.tokens import token_ids  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
 #: seeds' reported token-generation gains (DESIGN.md)
@@ -139,7 +140,7 @@ def time_strategy(cfg, strategy, base, tokens: int, runs: int, start: int) -> di
     from workbench.exec.cuda import CudaExecutor
 
     ex = CudaExecutor(cfg, strategy, share=base)
-    ids = [int(t) for t in np.random.default_rng(0).integers(0, cfg.get("vocab_size"), tokens)]
+    ids = token_ids(cfg, tokens, 0)
     ex.prepare(start)
     snap = ex.snapshot()
     for t in ids[:4]:  # warm-up: compile, capture, caches
@@ -259,7 +260,7 @@ def time_torch(cfg, ex, tokens: int, runs: int, start: int) -> dict:
     import torch
 
     m = TorchLlama(cfg, ex)
-    ids = [int(t) for t in np.random.default_rng(0).integers(0, cfg.get("vocab_size"), tokens)]
+    ids = token_ids(cfg, tokens, 0)
     res = {}
     with torch.inference_mode():
         m.run_tokens(ids[:4], start)

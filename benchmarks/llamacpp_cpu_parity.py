@@ -30,6 +30,7 @@ from workbench.exec.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E4
 from workbench.exec.reference import run_reference  # noqa: E402
 from workbench.llamacpp.build import build  # noqa: E402
 from workbench.models import TINY_PRESETS, build_graph, preset  # noqa: E402
+from workbench.models.tokens import token_ids  # noqa: E402
 from workbench.models.weights import random_weights  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
@@ -54,7 +55,7 @@ def main() -> int:
     rows = []
 
     def compare(name: str, cfg, ref_cfg, note: str = "") -> None:
-        ids = [int(t) for t in np.random.default_rng(7).integers(0, cfg.get("vocab_size"), args.tokens)]
+        ids = token_ids(cfg, args.tokens, 7)
         run = LlamaCppBackend().run(RunRequest(cfg, Strategy(), [], ids, options=LlamaCppOptions(build=lib)))
         want = run_reference(ref_cfg, random_weights(build_graph(ref_cfg), 0), ids).logits
         same = int((run.logits.argmax(1) == want.argmax(1)).sum())

@@ -31,6 +31,7 @@ from workbench.exec.reference import run_reference  # noqa: E402
 from workbench.llamacpp.build import build  # noqa: E402
 from workbench.llamacpp.cpu_numerics import ggml_cpu_numerics  # noqa: E402
 from workbench.models import TINY_PRESETS, ModelConfig, build_graph, preset  # noqa: E402
+from workbench.models.tokens import token_ids  # noqa: E402
 from workbench.models.weights import random_weights  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
@@ -60,7 +61,7 @@ def parity(lib: str, tokens: int) -> list[str]:
     for name in TINY_PRESETS:
         for qtype in QTYPES:
             cfg = config(name, qtype)
-            ids = [int(t) for t in np.random.default_rng(7).integers(0, cfg.get("vocab_size"), tokens)]
+            ids = token_ids(cfg, tokens, 7)
             got = LlamaCppBackend().run(RunRequest(cfg, Strategy(), [], ids,
                                                    options=LlamaCppOptions(build=lib, threads=2))).logits
             weights = random_weights(build_graph(cfg), 0)

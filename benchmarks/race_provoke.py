@@ -37,6 +37,7 @@ from pathlib import Path
 import numpy as np
 
 from workbench.models import build_graph, preset
+from workbench.models.tokens import token_ids
 from workbench.strategy import Strategy
 from workbench.verify import verify
 from workbench.verify.seeded import SEEDED_BUGS, SeededBug, compile_quietly
@@ -140,7 +141,7 @@ def provoke(bug: SeededBug, args: argparse.Namespace) -> dict:
     from workbench.exec.reference import run_reference
     from workbench.models.weights import random_weights
 
-    ids = [int(t) for t in np.random.default_rng(args.seed).integers(0, cfg.get("vocab_size"), args.tokens)]
+    ids = token_ids(cfg, args.tokens, args.seed)
     weights = random_weights(graph, args.seed)
     ref = run_reference(cfg, weights, ids, start_pos=args.start_pos).logits
     rec["control"] = run_on_gpu(cfg, safe(bug.strategy), None, ids, weights, ref, max(1, args.repeats // 4),

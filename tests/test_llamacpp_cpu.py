@@ -13,6 +13,7 @@ from workbench.exec.backend import BackendError, RunRequest
 from workbench.exec.llamacpp import LlamaCppBackend, LlamaCppOptions
 from workbench.models import TINY_PRESETS, build_graph, load_config, preset
 from workbench.models.gguf_write import GGUFWriteError, add_metadata, cached_gguf, write_gguf
+from workbench.models.tokens import token_ids
 from workbench.models.weights import random_weight, random_weights
 from workbench.strategy import Strategy
 
@@ -55,7 +56,7 @@ def run_llamacpp(lib: str, cfg, strategy: Strategy | None = None, tokens=None, *
 
 
 def ref_tokens(cfg) -> list[int]:
-    return [int(t) for t in np.random.default_rng(7).integers(0, cfg.get("vocab_size"), TOKENS)]
+    return token_ids(cfg, TOKENS, 7)
 
 
 def reference_logits(cfg, tokens) -> np.ndarray:

@@ -14,20 +14,14 @@ import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
-import numpy as np
-
 from . import preflight, validate
 from .exec.backend import Progress, RunRequest, get_backend
 from .exec.run import Run
 from .models import ModelConfig
+from .models.tokens import token_ids
 from .resources import MAX_SECONDS
 from .strategy import Strategy
 from .strategy.steps import plans_for_steps
-
-
-def token_ids(cfg: ModelConfig, n: int, seed: int = 0) -> list[int]:
-    """The seeded token ids every backend decodes (same seed, same ids, whatever the backend)."""
-    return [int(t) for t in np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), n)]
 
 
 def default_backend() -> tuple[str, str]:

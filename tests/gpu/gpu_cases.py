@@ -22,6 +22,7 @@ import numpy as np
 
 from workbench.exec.reference import run_reference
 from workbench.models import ModelConfig, build_graph, preset
+from workbench.models.tokens import token_ids
 from workbench.models.weights import random_weights
 
 TOL = 2e-2
@@ -56,7 +57,7 @@ def model_case(name: str) -> Case:
     base, over = MODELS[name]
     cfg = preset(base, **over)
     weights = random_weights(build_graph(cfg), 0)
-    tokens = [int(t) for t in np.random.default_rng(1).integers(0, cfg.get("vocab_size"), N_TOKENS + 1)]
+    tokens = token_ids(cfg, N_TOKENS + 1, 1)
     ref = run_reference(cfg, weights, tokens[:N_TOKENS], start_pos=START).logits
     return Case(name, cfg, weights, tokens, ref)
 

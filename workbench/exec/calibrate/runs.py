@@ -14,6 +14,7 @@ from ...strategy import Strategy
 from ...trace import Trace
 from ...trace.cupti import CuptiCapture
 from ...trace.cupti_records import copies_from_plan, sites_from_plan
+from ..models.tokens import token_ids
 from .specs import ModelSpec
 from .tables import trace_tables
 
@@ -46,7 +47,7 @@ def prepare_untraced(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int
 
     cfg = spec.config()
     ex = CudaExecutor(cfg, strategy, "device", seed, share=share)
-    ids = np.random.default_rng(seed).integers(0, cfg.get("vocab_size"), tokens)
+    ids = token_ids(cfg, tokens, seed)
     p0 = spec.pos
     if any(cfg.kv_len(p0 + i) != cfg.kv_len(p0) for i in range(tokens)):
         raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or another pos")
