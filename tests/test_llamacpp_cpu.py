@@ -36,16 +36,6 @@ def within_tolerance(got: np.ndarray, want: np.ndarray) -> tuple[bool, float]:
     return bool((err <= REL_TOL).all()), float(err.max())
 
 
-@pytest.fixture(scope="session")
-def llamacpp_lib():
-    """The CPU build's library folder (built on first use, ~2.5-6 min on 2 cores, then cached)."""
-    from workbench.llamacpp.build import BuildError, build, find_source
-
-    try:
-        find_source()
-    except BuildError as e:
-        pytest.skip(str(e))
-    return str(build())
 
 
 def run_llamacpp(lib: str, cfg, strategy: Strategy | None = None, tokens=None, **opts):

@@ -93,15 +93,11 @@ def test_rows_must_be_whole_blocks():
 
 
 @pytest.fixture(scope="module")
-def ggml_quantize():
+def ggml_quantize(llamacpp_lib):
     """ggml's ``ggml_quantize_chunk`` from the cached CPU build of the peer llama.cpp."""
-    from workbench.llamacpp.build import BuildError, build, find_source
+    from pathlib import Path
 
-    try:
-        find_source()
-    except BuildError as e:
-        pytest.skip(str(e))
-    lib = ctypes.CDLL(str(next(build().glob("libggml-base.so*"))))
+    lib = ctypes.CDLL(str(next(Path(llamacpp_lib).glob("libggml-base.so*"))))
     fn = lib.ggml_quantize_chunk
     fn.restype = ctypes.c_size_t
     fn.argtypes = [ctypes.c_int, ctypes.c_void_p, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,

@@ -43,15 +43,6 @@ WIDE = dict(hidden_size=256, intermediate_size=256, moe_intermediate_size=256, s
             head_dim=64, linear_key_head_dim=64, linear_value_head_dim=64)
 
 
-@pytest.fixture(scope="module")
-def llamacpp_lib():
-    from workbench.llamacpp.build import BuildError, build, find_source
-
-    try:
-        find_source()
-    except BuildError as e:
-        pytest.skip(str(e))
-    return str(build())
 
 
 def config(name: str, qtype: str) -> ModelConfig:
