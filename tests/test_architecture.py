@@ -164,3 +164,36 @@ def test_every_registered_backend_has_options_and_the_interface():
         b = get_backend(name)
         assert b.name == name and dataclasses.is_dataclass(b.Options)
         assert callable(b.available) and callable(b.run) and callable(b.compute_capability)
+
+
+def test_every_op_is_reached_by_a_tiny_preset_and_the_access_model():
+    """Every declared op appears in some tiny preset's Plan (with or without the fusions, f16 or
+    q8_0 weights), so the reference, cuda and race-checker tests over the tiny presets exercise
+    it; and the access model gives each of its kernels at least one read and one write."""
+    from workbench.models import TINY_PRESETS, preset
+    from workbench.strategy import ALL_ON, Strategy
+    from workbench.strategy.steps import plan_for
+    from workbench.verify import build, collect
+
+    seen: set[str] = set()
+    for name in TINY_PRESETS:
+        for dtype in ("f16", "q8_0"):
+            for strategy in (Strategy(), ALL_ON):
+                plan = plan_for(preset(name, weight_dtype=dtype), strategy)
+                ops = [la.node.op for la in plan.launches]
+                seen |= set(ops)
+                hb = build(plan, tokens=1)
+                per_op: dict[int, set[bool]] = {}
+                for a in collect(hb).accesses:
+                    per_op.setdefault(a.op, set()).add(a.write)
+                kernels = [op.index for op in hb.ops if op.kind == "kernel"]
+                assert all(per_op.get(i) == {False, True} for i in kernels), f"{name} {dtype} {strategy.label()}"
+    assert seen | set(SYNTHETIC_ONLY) == set(OPS), f"ops no tiny preset reaches: {sorted(set(OPS) - seen)}"
+    assert not seen & set(SYNTHETIC_ONLY), "a preset now reaches an op listed as synthetic-only: unlist it"
+
+
+#: ops no model family's graph has today, each with the test that exercises it instead
+SYNTHETIC_ONLY = {
+    "RMS_NORM_MUL_ADD": "post-norm + residual (no preset family has it): tests/test_fusion_set.py's synthetic graph",
+    "SCALE": "ggml's scale, used by the seeded-bug and fusion graphs (workbench/verify/seeded_fusions.py)",
+}
