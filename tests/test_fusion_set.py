@@ -10,8 +10,6 @@ for bit; any difference is a wrong operand, order or index.
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -185,7 +183,6 @@ def test_fused_kernels_cost_less_than_their_parts():
                 sum(by_name[n.name].bytes for n in new), (model, fusion)
 
 
-@pytest.mark.skipif(not os.environ.get("NUMBA_ENABLE_CUDASIM"), reason="needs NUMBA_ENABLE_CUDASIM=1")
 def test_numba_rms_norm_mul_add_matches_reference():
     """The Numba RMS_NORM_MUL_ADD kernel (the norm family's Numba variant) under the simulator."""
     from test_kernels_cpu import HostSpace, _numba_sim
@@ -210,7 +207,6 @@ def test_numba_rms_norm_mul_add_matches_reference():
                                rtol=2e-6, atol=2e-6)
 
 
-@pytest.mark.skipif(not os.environ.get("NUMBA_ENABLE_CUDASIM"), reason="needs NUMBA_ENABLE_CUDASIM=1")
 def test_numba_add_chain_matches_reference():
     """The Numba ADD_CHAIN kernel (the elementwise family's Numba variant) on qwen3-next-tiny's
     fused chains, under Numba's CUDA simulator."""
