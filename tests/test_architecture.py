@@ -197,3 +197,17 @@ SYNTHETIC_ONLY = {
     "RMS_NORM_MUL_ADD": "post-norm + residual (no preset family has it): tests/test_fusion_set.py's synthetic graph",
     "SCALE": "ggml's scale, used by the seeded-bug and fusion graphs (workbench/verify/seeded_fusions.py)",
 }
+
+
+def test_every_module_imports():
+    """A wrong import anywhere (a relative level, a moved name) fails here, not in a user's hands."""
+    import importlib
+    import pkgutil
+
+    bad = []
+    for m in pkgutil.walk_packages(workbench.__path__, "workbench."):
+        try:
+            importlib.import_module(m.name)
+        except Exception as e:  # noqa: BLE001 - the test reports every failing module at once
+            bad.append(f"{m.name}: {type(e).__name__}: {e}")
+    assert not bad, "\n".join(bad)

@@ -24,13 +24,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     modules = {}
     for name, (mod_name, help_) in COMMANDS.items():
-        try:
-            mod = import_module(mod_name)
-        except ModuleNotFoundError as e:
-            if e.name and e.name.startswith("workbench"):
-                continue  # subcommand not built yet
-            raise
-        modules[name] = mod
+        mod = modules[name] = import_module(mod_name)  # a broken command fails loudly, never vanishes
         mod.configure(sub.add_parser(name, help=help_, description=help_))
     args = p.parse_args(argv)
     try:

@@ -10,11 +10,11 @@ from typing import Any
 
 import numpy as np
 
+from ...models.tokens import token_ids
 from ...strategy import Strategy
 from ...trace import Trace
 from ...trace.cupti import CuptiCapture
 from ...trace.cupti_records import copies_from_plan, sites_from_plan
-from ..models.tokens import token_ids
 from .specs import ModelSpec
 from .tables import trace_tables
 
