@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import sys
-import warnings
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -90,11 +89,7 @@ def run(model: str | ModelConfig, strategy: Strategy | None = None, *, tokens: i
         emit(note)
     if progress is not None:
         progress("plan", 0, len(ids))
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        plans = plans_for_steps(cfg, strategy, len(ids), start_pos, cc)
-    for w in caught:
-        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    plans = plans_for_steps(cfg, strategy, len(ids), start_pos, cc)
     req = RunRequest(cfg, strategy, plans, ids, start_pos=start_pos, seed=seed, trace=trace, options=opts,
                      progress=progress)
     result = impl.run(req)
