@@ -20,6 +20,8 @@ it later than the first node did); everything is matched on ops and byte ranges.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ..graph import Graph, Node
 from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer
@@ -53,64 +55,63 @@ def _writes_apart(out: Node, srcs: tuple) -> bool:
     return not any(o.overlaps(s) for o in out.outs for s in srcs)
 
 
-def fuse_norm_mul_add(graph: Graph) -> tuple[Graph, list[str]]:
-    """``RMS_NORM_MUL(x, w)`` read only by ``ADD(normed, y)`` with ``y`` of the same shape ->
-    ``RMS_NORM_MUL_ADD`` (x, w, y): llama.cpp's rms_norm + mul + add (a post-norm added to the
-    residual), the second step of ``rms-norm-mul``."""
+def _fuse_into_reader(graph: Graph, is_producer: Callable[[Node], bool], reader_op: str, fused_op: str,
+                      operands: Callable[[Node, Node], tuple | None], inherited: tuple[int, ...]
+                      ) -> tuple[Graph, list[str]]:
+    """Every producer node whose result one ``reader_op`` node alone reads is folded into that
+    reader as ``fused_op``, with the sources ``operands(producer, reader)`` gives (None: this
+    pair does not fuse), provided they stay unwritten in between and the result overlaps none."""
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
     outputs = output_buffers(graph)
     replace: dict[int, Node] = {}
     drop: set[int] = set()
     for i, n in enumerate(nodes):
-        if n.op != "RMS_NORM_MUL":
+        if not is_producer(n):
             continue
         j = sole_reader(nodes, index, outputs, i)
-        if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
+        if j is None or j in replace or nodes[j].op != reader_op or len(nodes[j].outs) != 1:
             continue
-        a = nodes[j]
-        k = operand_slot(a, n.dst)
-        if k is None or a.srcs[k].shape != n.srcs[0].shape:
+        r = nodes[j]
+        srcs = operands(n, r)
+        if srcs is None or not stable_between(index, srcs, i, j) or not _writes_apart(r, srcs):
             continue
-        other = a.srcs[1 - k]
-        if other.shape != a.srcs[k].shape:
-            continue
-        srcs = (*n.srcs, other)
-        if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
-            continue
-        replace[j] = Node(a.name, "RMS_NORM_MUL_ADD", srcs, a.outs, fused_params({**n.params, **a.params}, [n], (0, 1)))
+        replace[j] = Node(r.name, fused_op, srcs, r.outs, fused_params({**n.params, **r.params}, [n], inherited))
         drop.add(i)
     return _rebuild(graph, replace, drop)
+
+
+def fuse_norm_mul_add(graph: Graph) -> tuple[Graph, list[str]]:
+    """``RMS_NORM_MUL(x, w)`` read only by ``ADD(normed, y)`` with ``y`` of the same shape ->
+    ``RMS_NORM_MUL_ADD`` (x, w, y): llama.cpp's rms_norm + mul + add (a post-norm added to the
+    residual), the second step of ``rms-norm-mul``."""
+
+    def operands(n: Node, a: Node) -> tuple | None:
+        k = operand_slot(a, n.dst)
+        if k is None or a.srcs[k].shape != n.srcs[0].shape or a.srcs[1 - k].shape != a.srcs[k].shape:
+            return None
+        return (*n.srcs, a.srcs[1 - k])
+
+    return _fuse_into_reader(graph, lambda n: n.op == "RMS_NORM_MUL", "ADD", "RMS_NORM_MUL_ADD", operands, (0, 1))
 
 
 def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
     """``MUL_MAT(w, x)`` read only by ``ADD(mm, y)`` with ``y`` of the same shape -> ``MUL_MAT_ADD``
     (w, x, y): the addend is added in the mat-vec's epilogue (llama.cpp requires the same shape
-    too, which covers a projection's bias and the residual add after attn_out / ffn_out)."""
-    nodes = graph.nodes
-    index = accesses_by_buffer(nodes)
-    outputs = output_buffers(graph)
-    replace: dict[int, Node] = {}
-    drop: set[int] = set()
-    for i, n in enumerate(nodes):
-        if n.op != "MUL_MAT" or is_quantized(n.srcs[0].dtype):  # quantised mat-vecs have no fused twin yet
-            continue
-        j = sole_reader(nodes, index, outputs, i)
-        if j is None or j in replace or nodes[j].op != "ADD" or len(nodes[j].outs) != 1:
-            continue
-        a = nodes[j]
+    too, which covers a projection's bias and the residual add after attn_out / ffn_out).
+    Quantised mat-vecs are left alone: they have no fused twin yet."""
+
+    def operands(n: Node, a: Node) -> tuple | None:
         k = operand_slot(a, n.dst)
         if k is None:
-            continue
+            return None
         other = a.srcs[1 - k]
         if other.shape != a.srcs[k].shape or other.numel != a.dst.numel:
-            continue
-        srcs = (n.srcs[0], n.srcs[1], other)
-        if not stable_between(index, srcs, i, j) or not _writes_apart(a, srcs):
-            continue
-        replace[j] = Node(a.name, "MUL_MAT_ADD", srcs, a.outs, fused_params({**n.params, **a.params}, [n], (0, 1)))
-        drop.add(i)
-    return _rebuild(graph, replace, drop)
+            return None
+        return (n.srcs[0], n.srcs[1], other)
+
+    return _fuse_into_reader(graph, lambda n: n.op == "MUL_MAT" and not is_quantized(n.srcs[0].dtype), "ADD",
+                             "MUL_MAT_ADD", operands, (0, 1))
 
 
 #: the mat-vec op of a GLU's gate and up -> the fused op (``ids`` of MUL_MAT_ID shared by both)
@@ -158,26 +159,11 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
 def fuse_rope_set_rows(graph: Graph) -> tuple[Graph, list[str]]:
     """``ROPE(x, pos, freqs)`` read only by ``SET_ROWS(rope, idx) -> cache`` -> ``ROPE_SET_ROWS``
     (x, pos, freqs, idx) -> cache: the rotated row is written straight into the cache row."""
-    nodes = graph.nodes
-    index = accesses_by_buffer(nodes)
-    outputs = output_buffers(graph)
-    replace: dict[int, Node] = {}
-    drop: set[int] = set()
-    for i, n in enumerate(nodes):
-        if n.op != "ROPE":
-            continue
-        j = sole_reader(nodes, index, outputs, i)
-        if j is None or j in replace or nodes[j].op != "SET_ROWS" or len(nodes[j].outs) != 1:
-            continue
-        s = nodes[j]
-        if operand_slot(s, n.dst) != 0:
-            continue
-        srcs = (*n.srcs, s.srcs[1])
-        if not stable_between(index, srcs, i, j) or not _writes_apart(s, srcs):
-            continue
-        replace[j] = Node(s.name, "ROPE_SET_ROWS", srcs, s.outs, fused_params({**n.params, **s.params}, [n], (0, 1, 2)))
-        drop.add(i)
-    return _rebuild(graph, replace, drop)
+
+    def operands(n: Node, s: Node) -> tuple | None:
+        return (*n.srcs, s.srcs[1]) if operand_slot(s, n.dst) == 0 else None
+
+    return _fuse_into_reader(graph, lambda n: n.op == "ROPE", "SET_ROWS", "ROPE_SET_ROWS", operands, (0, 1, 2))
 
 
 def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
