@@ -2,9 +2,11 @@
 # Issue 6 on a GPU machine, in one call: recorded traces, calibration (raw +
 # fitted), the fidelity matrix, tracing overhead. Results go to $OUT/results.tgz (re-packed
 # after every stage, so a stage that runs out of time still leaves the earlier ones) and the
-# whole log to $OUT/log.txt. Stages to run: arguments (default: all, in this order).
+# whole log to $OUT/log.txt. Stages to run: arguments (default: all but eager, in this order).
+# `eager` measures the eager knob cells the simulator's eager PDL / multi-stream costs are checked
+# against (benchmarks/eager_knobs.py; data/bench/sim_physics.md).
 #
-#   bash benchmarks/gpu_fidelity_run.sh [traces] [calibrate] [fidelity] [overhead] [gputests]
+#   bash benchmarks/gpu_fidelity_run.sh [traces] [calibrate] [fidelity] [overhead] [gputests] [eager]
 set -u
 OUT=${OUT:-out}
 R=$OUT/r
@@ -19,6 +21,7 @@ t0=$(date +%s)
 for st in $stages; do
     echo "=== $st ($(( $(date +%s) - t0 )) s)"
     case $st in
+        eager) timeout 300 python3 benchmarks/eager_knobs.py measure --tokens 32 --repeats 5 --out "$R/eager_knobs.json" ;;
         traces) timeout 150 python3 benchmarks/record_traces.py --out-dir "$R" ;;
         gputests) timeout 120 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_cupti.py ;;
         calibrate) timeout 240 python3 -m workbench.cli calibrate --raw "$R/calibration_raw.json" \
