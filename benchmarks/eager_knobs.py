@@ -74,8 +74,9 @@ class Cell:
 # measure (GPU)
 # ------------------------------------------------------------------------------------------
 def measure(tokens: int, repeats: int, seed: int = 0) -> dict[str, Any]:
+    import workbench
     from workbench.exec.calibrate.environment import environment, warm_gpu
-    from workbench.exec.cuda import CudaExecutor, run_cuda
+    from workbench.exec.cuda import CudaExecutor
     from workbench.models import load_config
 
     env = environment()
@@ -88,9 +89,9 @@ def measure(tokens: int, repeats: int, seed: int = 0) -> dict[str, Any]:
             t0 = time.perf_counter()
             ex = CudaExecutor(cfg, st, "device", seed, share=first)
             first = first or ex
-            run_cuda(cfg, st, 4, seed=seed, start_pos=pos, executor=ex)  # warm-up
-            us = [run_cuda(cfg, st, tokens, seed=seed, start_pos=pos, executor=ex).stats["us_per_token"]
-                  for _ in range(repeats)]
+            workbench.run(cfg, st, tokens=4, backend="cuda", seed=seed, start_pos=pos, executor=ex)  # warm-up
+            us = [workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, start_pos=pos,
+                                executor=ex).stats["us_per_token"] for _ in range(repeats)]
             rows.append({"model": model, "layers": layers, "context": context, "pos": pos, "strategy": knob,
                          "tokens": tokens, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
                          "us_max": float(np.max(us)), "runs_us": us})

@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
+from test_recorded_traces import _max_streams_busy
 
 from workbench.trace.io import load_trace
 
@@ -58,13 +59,6 @@ def test_graphs_with_pdl_overlap_consecutive_kernels_on_one_stream():
     n_off, _ = overlap("llama-3.2-1b-L2_graphs")
     assert n_off < n / 4, f"{n_off} overlaps with PDL off"
 
-
-def _max_streams_busy(k: pd.DataFrame) -> int:
-    best = 0
-    for t in k["start_ns"].to_numpy():
-        running = k[(k["start_ns"] <= t) & (k["end_ns"] > t)]
-        best = max(best, running["stream"].nunique())
-    return best
 
 
 def test_graph_opt_runs_three_streams_at_once():
