@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from workbench.models import ModelConfig, build_graph
-from workbench.models.weights import random_weights, to_float32
+from workbench.models.weights import random_weights, swap_hf_layout, to_float32
 
 
 def hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
@@ -19,7 +19,7 @@ def hf_model(cfg: ModelConfig, weights: dict[str, np.ndarray]):
     model = AutoModelForCausalLM.from_config(hf_cfg, torch_dtype=torch.float32)
     model.eval()
     graph = build_graph(cfg)
-    state = {k: torch.from_numpy(np.ascontiguousarray(to_float32(v, graph.weights[k].dtype)))
+    state = {k: torch.from_numpy(np.ascontiguousarray(swap_hf_layout(graph, k, to_float32(v, graph.weights[k].dtype))))
              for k, v in weights.items()}
     missing, unexpected = model.load_state_dict(state, strict=False)
     missing = [m for m in missing if not m.endswith("rotary_emb.inv_freq")]

@@ -75,20 +75,36 @@ def test_every_node_binds(name, strategy):
         assert any(re.search(rf"\b{k}\(", text) for text in src.values()), f"{k} is not defined in kernels/"
 
 
-def test_full_size_hot_kernels_are_the_vector_ones():
-    """llama-3.2-1b's projections and attention are the hot path: 16-byte aligned rows, the vector kernels."""
-    cfg = preset("llama-3.2-1b", layers=1)
-    plan = compile_plan(build_graph(cfg, 512), Strategy())
-    space_addr = {}
-    top = 0
+def _bound_kernels(cfg, strategy: Strategy, ops: tuple[str, ...], n_kv: int = 512) -> dict[str, str]:
+    """Node name -> bound kernel for the launches of ``ops`` in the Plan of ``cfg``, every buffer
+    at a 256-byte aligned offset of a notional device (no memory is allocated: full sizes bind)."""
+    plan = compile_plan(build_graph(cfg, n_kv), strategy)
+    space_addr, top = {}, 0
     for b in plan.graph.buffers().values():
         space_addr[b.name] = top
         top += -(-b.nbytes // 256) * 256
-    names = {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset,
-                                         lambda k, n: 0).name
-             for la in plan.launches if la.node.op in ("MUL_MAT", "FLASH_ATTN_EXT")}
+    return {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset,
+                                        lambda k, n: 0).name
+            for la in plan.launches if la.node.op in ops}
+
+
+def test_full_size_hot_kernels_are_the_vector_ones():
+    """llama-3.2-1b's projections and attention are the hot path: 16-byte aligned rows, the vector kernels."""
+    names = _bound_kernels(preset("llama-3.2-1b", layers=1), Strategy(), ("MUL_MAT", "FLASH_ATTN_EXT"))
     assert set(names.values()) == {"k_mul_mat_vec_f16", "k_mul_mat_vec_rows_f16", "k_flash_attn_ext_vec_f16"}, names
     assert names["ffn_gate-0"] == "k_mul_mat_vec_rows_f16" and names["Kcur-0"] == "k_mul_mat_vec_f16"
+
+
+@pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b"])
+@pytest.mark.parametrize("strategy", [Strategy(), ALL_ON], ids=["default", "all-fusions"])
+def test_full_size_expert_mat_vecs_are_the_vector_ones(name, strategy):
+    """Every MUL_MAT_ID (and fused MUL_MAT_ID_GLU) of the full-size MoE models binds the vector
+    expert kernels: gpt-oss's experts are stored output-major, gate/up every other row (row
+    stride 2*d), never the thread-per-output k_mul_mat_cols or a generic kernel."""
+    names = _bound_kernels(preset(name, layers=2), strategy, ("MUL_MAT_ID", "MUL_MAT_ID_GLU"))
+    assert names, "no expert mat-vecs"
+    bad = {n: k for n, k in names.items() if not re.fullmatch(r"k_mul_mat_id_f16(_glu)?", k)}
+    assert not bad, bad
 
 
 def test_attention_split_algorithm_matches_reference():

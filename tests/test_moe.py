@@ -12,7 +12,7 @@ from workbench.exec.reference import execute_graph, load_static, run_reference
 from workbench.exec.reference_ops import sigmoid, silu, softmax
 from workbench.models import build_graph, preset
 from workbench.models.blocks import step_input_values
-from workbench.models.weights import random_weights, to_float32
+from workbench.models.weights import hf_shape, random_weights, swap_hf_layout, to_float32
 
 QWEN_ORDER = ["ffn_moe_logits", "ffn_moe_probs", "ffn_moe_topk", "ffn_moe_weights", "ffn_moe_weights_sum",
               "ffn_moe_weights_norm", "ffn_moe_up", "ffn_moe_gate", "ffn_moe_swiglu", "ffn_moe_down",
@@ -57,22 +57,29 @@ def test_qwen3_moe_expert_views_are_the_hf_fused_tensor():
     assert not any(".gate_proj" in w or ".up_proj" in w for w in graph.weights)
 
 
-def test_gpt_oss_expert_views_deinterleave_the_hf_tensors():
-    """gpt-oss stores experts input-major with gate/up interleaved along the last axis: gate is
-    columns 0, 2, 4, ... of ``gate_up_proj`` [E, d, 2*ff] read transposed, up the odd ones."""
+def test_gpt_oss_expert_views_deinterleave_the_output_major_tensors():
+    """gpt-oss's experts are stored output-major (the GGUF's layout: unit K stride for the vector
+    mat-vecs) with gate/up rows interleaved: gate is rows 0, 2, 4, ... of ``gate_up_proj``
+    [E, 2*ff, d], up the odd ones; the HF input-major tensors are their transposes."""
     cfg, graph, weights, mem = _loaded("gpt-oss-tiny")
     pre = "model.layers.1.mlp.experts."
     w = to_float32(weights[pre + "gate_up_proj"], "f16")
     b = weights[pre + "gate_up_proj_bias"]
     down, down_b = to_float32(weights[pre + "down_proj"], "f16"), weights[pre + "down_proj_bias"]
+    d, ff, n_exp = cfg.get("hidden_size"), cfg.get("intermediate_size"), cfg.get("num_local_experts")
+    assert w.shape == (n_exp, 2 * ff, d) and down.shape == (n_exp, d, ff)
+    assert hf_shape(graph, pre + "gate_up_proj") == (n_exp, d, 2 * ff)
+    assert hf_shape(graph, pre + "down_proj") == (n_exp, ff, d)
+    np.testing.assert_array_equal(swap_hf_layout(graph, pre + "gate_up_proj", w), w.transpose(0, 2, 1))
     gate, up, dn = (graph.node(f"ffn_moe_{k}-1") for k in ("gate", "up", "down"))
-    np.testing.assert_array_equal(mem.read(gate.srcs[0]), w[..., 0::2].transpose(0, 2, 1))
-    np.testing.assert_array_equal(mem.read(up.srcs[0]), w[..., 1::2].transpose(0, 2, 1))
-    np.testing.assert_array_equal(mem.read(dn.srcs[0]), down.transpose(0, 2, 1))
+    for v in (gate.srcs[0], up.srcs[0], dn.srcs[0]):
+        assert v.strides[-1] == v.itemsize  # K contiguous
+    np.testing.assert_array_equal(mem.read(gate.srcs[0]), w[:, 0::2])
+    np.testing.assert_array_equal(mem.read(up.srcs[0]), w[:, 1::2])
+    np.testing.assert_array_equal(mem.read(dn.srcs[0]), down)
     np.testing.assert_array_equal(mem.read(graph.node("ffn_moe_gate_biased-1").srcs[1]), b[:, 0::2])
     np.testing.assert_array_equal(mem.read(graph.node("ffn_moe_up_biased-1").srcs[1]), b[:, 1::2])
     np.testing.assert_array_equal(mem.read(graph.node("ffn_moe_down_biased-1").srcs[1]), down_b)
-    assert graph.meta["weight_fan_in"][pre + "gate_up_proj"] == cfg.get("hidden_size")
 
 
 def test_gpt_oss_attention_sinks_and_alternating_sliding_window():
@@ -105,10 +112,10 @@ def _expected_moe(cfg, weights, x: np.ndarray, il: int) -> np.ndarray:
         out = np.zeros_like(x)
         limit = cfg.get("swiglu_limit")
         for e, s in zip(top, scores):
-            gu = x @ f("experts.gate_up_proj")[e] + f("experts.gate_up_proj_bias")[e]
+            gu = f("experts.gate_up_proj")[e] @ x + f("experts.gate_up_proj_bias")[e]  # stored [2*ff, d]
             g, u = np.minimum(gu[0::2], limit), np.clip(gu[1::2], -limit, limit)
             h = (u + 1) * g * sigmoid(1.702 * g)
-            out += s * (h @ f("experts.down_proj")[e] + f("experts.down_proj_bias")[e])
+            out += s * (f("experts.down_proj")[e] @ h + f("experts.down_proj_bias")[e])
         return out
     probs = softmax(f("gate.weight") @ x)
     top = np.argsort(-probs, kind="stable")[:k]

@@ -20,11 +20,11 @@ HOST_LIMIT = 1 << 22
 _DAMPED = ("o_proj", "down_proj", "out_proj")
 
 
-def _scale(name: str, shape: tuple[int, ...], fan_in: int | None) -> float:
+def _scale(name: str, shape: tuple[int, ...]) -> float:
     leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else name.rsplit(".", 1)[-1]
     if leaf == "embed_tokens":
         return 1.0
-    s = 1.0 / np.sqrt(fan_in or shape[-1])
+    s = 1.0 / np.sqrt(shape[-1])  # every graph matrix is stored [.., out, in]
     return s * 0.5 if leaf in _DAMPED or name.endswith("down_proj") else s
 
 
@@ -38,12 +38,11 @@ def fill_random(cp: Any, graph: Graph, addr: dict[str, int], seed: int) -> None:
         data = np.ascontiguousarray(device_weight(graph, name, host))
         cp.cuda.runtime.memcpy(addr[view.buffer.name] + view.offset, data.ctypes.data, data.nbytes, 1)
     rs = cp.random.RandomState(seed)
-    fan_ins = graph.meta.get("weight_fan_in", {})
     chunk = 1 << 26
     for name, view in sorted(graph.weights.items()):
         if name in small:
             continue
-        scale = _scale(name, view.shape, fan_ins.get(name))
+        scale = _scale(name, view.shape)
         base = addr[view.buffer.name] + view.offset
         item = view.itemsize
         done = 0

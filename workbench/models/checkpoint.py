@@ -8,7 +8,8 @@ transformers 5 writes and what older checkpoints hold) or fused per layer
 (``mlp.experts.gate_up_proj`` [E, 2*n_ff, d], gate rows then up rows, and
 ``mlp.experts.down_proj`` [E, d, n_ff], transformers 5's in-memory layout). The graph keeps the
 fused layout; per-expert tensors are stacked into it here. gpt-oss's fused tensors are stored
-input-major ([E, d, 2*n_ff], gate/up interleaved), which its graph reads through views.
+input-major ([E, d, 2*n_ff], gate/up interleaved); they are read in that shape and
+``weights.load_safetensors`` transposes them once into the graph's output-major layout.
 """
 
 from __future__ import annotations

@@ -9,7 +9,7 @@ renamed and laid out as ``convert_hf_to_gguf.py`` does for the architecture, so 
 - Llama: Q/K rows permuted for ggml's normal-mode RoPE (``LlamaModel.permute``), Llama-3 rope
   scaling as a ``rope_freqs`` tensor of per-dimension frequency factors;
 - MoE: the fused HF expert tensors split into ``ffn_{gate,up,down}_exps`` [E, out, in]
-  (gpt-oss: de-interleaved and transposed, biases too), routers in f32;
+  (gpt-oss: gate/up rows de-interleaved, biases too), routers in f32;
 - Qwen3-Next: ``in_proj_qkvz`` regrouped into ``attn_qkv`` (all q | all k | all v) and
   ``attn_gate`` (z), ``in_proj_ba`` as ``ssm_ba``, the converter's folds (norms stored
   as ``1 + w``, ``A`` as ``-exp(A_log)``) applied;
@@ -18,7 +18,7 @@ renamed and laid out as ``convert_hf_to_gguf.py`` does for the architecture, so 
 - ``qtype`` q8_0, q4_0, q4_k, mxfp4: the graph's own quantised blocks (``--weight-dtype``, per
   tensor as ``workbench.models.weight_types`` says), written byte for byte, so llama.cpp reads
   exactly the blocks the reference dequantises; quantised rows are permuted and split as whole
-  rows (gpt-oss experts are already stored output-major then).
+  rows (the graph stores gpt-oss's experts output-major, as the GGUF does, in every dtype).
 
 Tensors are produced one at a time, so the full-size presets stream to disk.
 """
@@ -45,7 +45,7 @@ ARCH_OF = {mt: arch for arch, mt in GGUF_ARCHS.items()}
 QTYPES = ("f16", "f32", *WEIGHT_QTYPES)
 
 #: Bumped when the file layout changes, so cached files are rewritten.
-WRITER_VERSION = 1
+WRITER_VERSION = 2  # 2: gpt-oss's quantised experts drawn in the HF layout (new seeded values)
 
 #: workbench dtype -> ggml type name (``gguf.GGMLQuantizationType``) and the file type it makes.
 GGML_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
@@ -140,8 +140,8 @@ def tensor_rules(cfg: ModelConfig, graph) -> dict[str, Rule]:
     tmap = gguf.get_tensor_name_map(_arch_enum(arch), cfg.n_layer)
     mt = cfg.model_type
     rules: dict[str, Rule] = {}
-    for name, view in graph.weights.items():
-        rules[name] = _rule(name, cfg, mt, tmap, rows=is_quantized(view.dtype))
+    for name in graph.weights:
+        rules[name] = _rule(name, cfg, mt, tmap)
     return rules
 
 
@@ -154,8 +154,8 @@ def _arch_enum(arch: str):
     raise GGUFWriteError(f"gguf-py does not know the architecture {arch!r}; upgrade the gguf package")
 
 
-def _rule(name: str, cfg: ModelConfig, mt: str, tmap, rows: bool = False) -> Rule:
-    """``rows``: the tensor is quantised, stored as the GGUF's [.., out, in] blocks already."""
+def _rule(name: str, cfg: ModelConfig, mt: str, tmap) -> Rule:
+    """The rule of one weight, given in the graph's layout ([.., out, in], blocks along ``in``)."""
     parts = name.split(".")
     il = int(parts[2]) if name.startswith("model.layers.") else None
     blk = f"blk.{il}"
@@ -183,18 +183,13 @@ def _rule(name: str, cfg: ModelConfig, mt: str, tmap, rows: bool = False) -> Rul
     if name.endswith("self_attn.sinks"):
         return one(f"{blk}.attn_sinks.weight")
     if name.endswith("experts.gate_up_proj"):
-        if mt == "gpt_oss" and rows:  # [E, 2*ff, in blocks], gate/up rows interleaved
+        if mt == "gpt_oss":  # [E, 2*ff, d] output-major (the graph's layout), gate/up rows interleaved
             return lambda a: [(f"{blk}.ffn_gate_exps.weight", a[:, 0::2]), (f"{blk}.ffn_up_exps.weight", a[:, 1::2])]
-        if mt == "gpt_oss":  # [E, in, 2*ff], gate/up interleaved along the last axis
-            return lambda a: [(f"{blk}.ffn_gate_exps.weight", a.transpose(0, 2, 1)[:, 0::2]),
-                              (f"{blk}.ffn_up_exps.weight", a.transpose(0, 2, 1)[:, 1::2])]
         return lambda a: [(f"{blk}.ffn_gate_exps.weight", a[:, : a.shape[1] // 2]),
                           (f"{blk}.ffn_up_exps.weight", a[:, a.shape[1] // 2:])]
     if name.endswith("experts.gate_up_proj_bias"):
         return lambda a: [(f"{blk}.ffn_gate_exps.bias", a[:, 0::2]), (f"{blk}.ffn_up_exps.bias", a[:, 1::2])]
-    if name.endswith("experts.down_proj"):
-        if mt == "gpt_oss" and not rows:  # [E, ff, d] input-major
-            return lambda a: [(f"{blk}.ffn_down_exps.weight", a.transpose(0, 2, 1))]
+    if name.endswith("experts.down_proj"):  # [E, d, ff] (gpt-oss's too: the graph stores it output-major)
         return one(f"{blk}.ffn_down_exps.weight")
     if name.endswith("experts.down_proj_bias"):
         return one(f"{blk}.ffn_down_exps.bias")

@@ -4,14 +4,16 @@
 Hugging Face stores each layer's experts fused (``mlp.experts.gate_up_proj`` [E, ...]); ggml's
 MUL_MAT_ID wants one [E, out, in] tensor per projection. The graph keeps the HF tensor as the
 weight and hands MUL_MAT_ID strided *views* of it, so parameter counts, safetensors names and
-byte ranges are those of the real checkpoint and nothing is copied or renamed.
+byte ranges are those of the real checkpoint and nothing is copied or renamed. gpt-oss's HF
+tensors are input-major; the graph stores them transposed (output-major, ``HF_TRANSPOSED``) so
+every expert mat-vec reads its weight rows contiguously, as llama.cpp's GGUF does.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from ..graph import Graph, GraphBuilder, View, is_quantized
+from ..graph import Graph, GraphBuilder, View
 from .blocks import (
     StepInputs,
     dense_ffn,
@@ -25,6 +27,7 @@ from .blocks import (
     self_attention,
 )
 from .config import ModelConfig
+from .weights import HF_TRANSPOSED
 
 #: gpt-oss's clamped SwiGLU (llama.cpp's LLM_FFN_SWIGLU_OAI_MOE constants; HF ``swiglu_alpha``).
 OAI_ALPHA = 1.702
@@ -45,11 +48,6 @@ class Experts:
     down_bias: View | None = None
 
 
-def _fan_in(b: GraphBuilder, name: str, fan_in: int) -> None:
-    """Tell the random initialiser the input width of a weight stored [.., in, out]."""
-    b.meta.setdefault("weight_fan_in", {})[name] = fan_in
-
-
 def qwen3_moe_experts(b: GraphBuilder, cfg: ModelConfig, il: int) -> Experts:
     """HF Qwen3-MoE / Qwen3-Next layout: ``gate_up_proj`` [E, 2*n_ff, d] (gate rows, then up
     rows), ``down_proj`` [E, d, n_ff], router ``mlp.gate.weight`` [E, d]."""
@@ -62,13 +60,13 @@ def qwen3_moe_experts(b: GraphBuilder, cfg: ModelConfig, il: int) -> Experts:
 
 
 def gpt_oss_experts(b: GraphBuilder, cfg: ModelConfig, il: int) -> Experts:
-    """HF gpt-oss layout: ``gate_up_proj`` [E, d, 2*n_ff] stored input-major with gate and up
-    *interleaved* along the last axis (gate = columns 0, 2, 4, ..., up = 1, 3, 5, ...),
-    ``down_proj`` [E, n_ff, d] input-major, biases ``*_bias`` [E, out], router with bias.
-
-    A block type quantises along the input axis, so with one the same tensors are stored
-    transposed, output-major as in the GGUF: ``gate_up_proj`` [E, 2*n_ff, d] (rows gate 0, up 0,
-    gate 1, ...) and ``down_proj`` [E, d, n_ff]; gate and up are every other row, still views."""
+    """gpt-oss's experts, stored output-major as the GGUF stores them and as MUL_MAT_ID reads
+    with unit K stride (the vector mat-vec kernels): ``gate_up_proj`` [E, 2*n_ff, d] with gate
+    and up rows interleaved (gate 0, up 0, gate 1, ...) and ``down_proj`` [E, d, n_ff]; biases
+    ``*_bias`` [E, out], router with bias. HF keeps both input-major ([E, d, 2*n_ff] gate/up
+    interleaved along the last axis, [E, n_ff, d]): they are declared ``HF_TRANSPOSED`` and
+    swapped once where HF tensors are read or written (``weights.swap_hf_layout``); gate and up
+    are every other row, views."""
     d, ff, n_exp = cfg.get("hidden_size"), cfg.get("intermediate_size"), cfg.get("num_local_experts")
     wdt = cfg.weight_dtype
     pre = f"model.layers.{il}.mlp"
@@ -76,18 +74,10 @@ def gpt_oss_experts(b: GraphBuilder, cfg: ModelConfig, il: int) -> Experts:
     router_b = b.weight(f"{pre}.router.bias", (n_exp,), "f32")
     gate_up_b = b.weight(f"{pre}.experts.gate_up_proj_bias", (n_exp, 2 * ff), "f32")
     down_b = b.weight(f"{pre}.experts.down_proj_bias", (n_exp, d), "f32")
-    _fan_in(b, f"{pre}.experts.gate_up_proj", d)
-    _fan_in(b, f"{pre}.experts.down_proj", ff)
-    typer = b.weight_type or (lambda name, shape, dtype: dtype)
-    if is_quantized(typer(f"{pre}.experts.gate_up_proj", (n_exp, 2 * ff, d), wdt)):
-        gate_up = b.weight(f"{pre}.experts.gate_up_proj", (n_exp, 2 * ff, d), wdt)
-        down = b.weight(f"{pre}.experts.down_proj", (n_exp, d, ff), wdt)
-        gate, up = _every_other(gate_up, 0, 1), _every_other(gate_up, 1, 1)
-    else:
-        wdt = "f16" if is_quantized(wdt) else wdt  # rows of d values that are not whole blocks
-        gate_up = b.weight(f"{pre}.experts.gate_up_proj", (n_exp, d, 2 * ff), wdt)
-        down = b.weight(f"{pre}.experts.down_proj", (n_exp, ff, d), wdt).permute(0, 2, 1)
-        gate, up = _every_other(gate_up, 0, 2).permute(0, 2, 1), _every_other(gate_up, 1, 2).permute(0, 2, 1)
+    gate_up = b.weight(f"{pre}.experts.gate_up_proj", (n_exp, 2 * ff, d), wdt)
+    down = b.weight(f"{pre}.experts.down_proj", (n_exp, d, ff), wdt)
+    b.meta.setdefault(HF_TRANSPOSED, []).extend([f"{pre}.experts.gate_up_proj", f"{pre}.experts.down_proj"])
+    gate, up = _every_other(gate_up, 0, 1), _every_other(gate_up, 1, 1)
     return Experts(router, gate, up, down, router_bias=router_b, gate_bias=_every_other(gate_up_b, 0, 1),
                    up_bias=_every_other(gate_up_b, 1, 1), down_bias=down_b)
 

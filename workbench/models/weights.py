@@ -1,8 +1,9 @@
 """Weights: seeded random at a realistic scale, or loaded from safetensors (HF tensor names).
 
 Weights are a dict ``HF name -> numpy array`` in the graph's storage dtype (bf16 as raw
-uint16, ggml's block types as their uint8 blocks ``[..., row bytes]``), so the same dict feeds
-the reference, the GPU executor and a ``transformers`` model.
+uint16, ggml's block types as their uint8 blocks ``[..., row bytes]``) and layout, so the same
+dict feeds the reference and the GPU executor; a ``transformers`` model or a safetensors file
+gets each float tensor through :func:`swap_hf_layout` (gpt-oss's experts are stored transposed).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ..graph import Graph, View, is_quantized
+from ..graph import Graph, is_quantized
 from .config import ConfigError
 from .quant import dequantize, quantize
 
@@ -45,11 +46,9 @@ def to_float32(x: np.ndarray, dtype: str) -> np.ndarray:
     return from_bf16(x) if dtype == "bf16" else np.asarray(x, dtype=np.float32)
 
 
-def _init(name: str, view: View, rng: np.random.Generator, fan_in: int | None = None) -> np.ndarray:
+def _init(name: str, shape: tuple[int, ...], rng: np.random.Generator, fan_in: int) -> np.ndarray:
     """Scale chosen so activations stay O(1) through any depth: norm weights near 1, linear
-    weights ~ N(0, 1/fan_in) damped for the residual-writing projections. ``fan_in`` defaults
-    to the last axis ([out, in] layout); builders name the others in ``meta['weight_fan_in']``."""
-    shape = view.shape
+    weights ~ N(0, 1/fan_in) damped for the residual-writing projections; drawn in ``shape``."""
     leaf = name.rsplit(".", 2)[-2] if name.endswith((".weight", ".bias")) else name.rsplit(".", 1)[-1]
     if name.endswith("norm.weight") or leaf.endswith("norm") or leaf.endswith("layernorm"):
         if "qwen3_next_norm_zero_centered" in name:  # pragma: no cover - hook for (1+w) norms
@@ -59,11 +58,32 @@ def _init(name: str, view: View, rng: np.random.Generator, fan_in: int | None = 
         return rng.normal(0, 0.1, shape)
     if leaf == "embed_tokens":
         return rng.normal(0, 1.0, shape)
-    fan_in = fan_in or shape[-1]
     scale = 1.0 / np.sqrt(fan_in)
     if leaf in ("o_proj", "down_proj", "out_proj") or name.endswith("down_proj"):
         scale *= 0.5
     return rng.normal(0, scale, shape)
+
+
+#: ``graph.meta`` key: the weights a builder stores with the last two axes of their HF tensor
+#: swapped (gpt-oss's experts, kept output-major as the GGUF stores them).
+HF_TRANSPOSED = "hf_transposed"
+
+
+def is_hf_transposed(graph: Graph, name: str) -> bool:
+    """Does the graph store ``name`` with the last two axes of its HF tensor swapped?"""
+    return name in graph.meta.get(HF_TRANSPOSED, ())
+
+
+def hf_shape(graph: Graph, name: str) -> tuple[int, ...]:
+    """The shape of the HF tensor ``name`` (the graph's, last two axes swapped if transposed)."""
+    shape = tuple(graph.weights[name].shape)
+    return (*shape[:-2], shape[-1], shape[-2]) if is_hf_transposed(graph, name) else shape
+
+
+def swap_hf_layout(graph: Graph, name: str, x: np.ndarray) -> np.ndarray:
+    """A float array of ``name`` moved between the HF layout and the graph's (either way: the
+    swap of the last two axes is its own inverse); unchanged for every other weight."""
+    return np.ascontiguousarray(np.swapaxes(x, -1, -2)) if is_hf_transposed(graph, name) else x
 
 
 def random_weights(graph: Graph, seed: int = 0, overrides=None) -> dict[str, np.ndarray]:
@@ -81,10 +101,11 @@ def random_weight(graph: Graph, name: str, seed: int = 0, overrides=None) -> np.
     overrides = {**graph.meta.get("weight_init", {}), **(overrides or {})}
     view = graph.weights[name]
     rng = np.random.default_rng([seed, _stable_hash(name)])
-    init = _init(name, view, rng, graph.meta.get("weight_fan_in", {}).get(name))
+    shape = hf_shape(graph, name)  # drawn as the HF tensor, so a layout change keeps the values
+    init = _init(name, shape, rng, fan_in=view.shape[-1])
     if name in overrides:
-        init = overrides[name](rng, view.shape)
-    return to_storage(np.asarray(init, np.float32), view.dtype)
+        init = overrides[name](rng, shape)
+    return to_storage(swap_hf_layout(graph, name, np.asarray(init, np.float32)), view.dtype)
 
 
 #: Load-time transforms llama.cpp's GGUF converter bakes into some tensors (Qwen3-Next stores
@@ -129,9 +150,10 @@ def load_safetensors(graph: Graph, paths: str | Path | list[str | Path]) -> dict
         raise ConfigError(f"{cfg.name}: the checkpoint is quantized (quantization_config, quant_method="
                           f"{quant.get('quant_method', '?')!r}); its safetensors are not read: use a "
                           "dequantized checkpoint or the GGUF")
-    found, stored = load({name: view.shape for name, view in graph.weights.items()}, files)
+    found, stored = load({name: hf_shape(graph, name) for name in graph.weights}, files)
     out = {}
     for name, view in graph.weights.items():
+        found[name] = swap_hf_layout(graph, name, found[name])
         if view.dtype == "f16" and np.abs(found[name]).max(initial=0.0) > F16_MAX:
             raise ConfigError(f"safetensors tensor {name!r} holds values beyond f16's range (max |w| = "
                               f"{np.abs(found[name]).max():.3g}); keep the weights bf16 or f32 "
@@ -165,7 +187,8 @@ def model_weights(cfg, graph: Graph, seed: int = 0) -> dict[str, np.ndarray]:
 
 
 def save_safetensors(weights: dict[str, np.ndarray], graph: Graph, path: str | Path) -> None:
-    """Write weights as float32 safetensors with HF names (tests, notebooks)."""
+    """Write weights as float32 safetensors with HF names and layouts (tests, notebooks)."""
     from safetensors.numpy import save_file
 
-    save_file({k: to_float32(v, graph.weights[k].dtype) for k, v in weights.items()}, str(path))
+    save_file({k: swap_hf_layout(graph, k, to_float32(v, graph.weights[k].dtype)) for k, v in weights.items()},
+              str(path))
