@@ -8,12 +8,17 @@
    streams, + implicit sync, + fusions with copy-elim) on llama-3.2-1b and on
    ``qwen3-next-80b-a3b --layers 8`` (where copy-elim has copies to remove), each the median of
    ``--runs`` runs of ``--tokens`` tokens with its spread, beside the seeds' reported ranges.
-3. The same decode step with the same weights in PyTorch (fp16, eager and captured in a
-   ``torch.cuda.CUDAGraph``), per token including the logits' copy to the host, as ours.
+3. The peer ``torch``: the same decode step with the same weights in PyTorch (fp16, static KV
+   cache of the same length), eager, and ``torch.compile``d (``--torch-mode``, by default
+   ``max-autotune-no-cudagraphs``) then captured in one ``torch.cuda.CUDAGraph`` replayed per
+   token; per token including the logits' copy to the host, as ours, with the compile time, the
+   compiled-vs-eager logits error and the replay's device time (CUDA events) beside it.
 
-Usage: ``python benchmarks/gpu_decode.py [--runs 10] [--tokens 64] [--out data/bench/gpu_decode.json]``.
-Weights are drawn on the GPU (``CudaExecutor(weights="device")``), PyTorch reads the very same
-device buffers.
+Usage: ``python benchmarks/gpu_decode.py [--models llama-3.2-1b,llama-3.1-8b] [--peers torch]
+[--ours stack|best] [--runs 10] [--tokens 64] [--out data/bench/gpu_decode.json]``.
+``--ours best --skip next,alone,kernels`` times only our two best stacked strategies beside the
+peers (the quick comparison). Weights are drawn on the GPU (``CudaExecutor(weights="device")``),
+PyTorch reads the very same device buffers.
 """
 
 from __future__ import annotations
@@ -135,6 +140,14 @@ LLAMA_LAYER_NODES = ["attn_norm-0_rms", "attn_norm-0", "Qcur-0", "Kcur-0", "Vcur
 HEAD_NODES = ["inp_embd", "result_norm_rms", "result_norm", "result_output"]
 
 
+def summary(name: str, per_run_us, runs: int, tokens: int) -> dict:
+    """One row: median, min, max and IQR over runs of the mean time per token (us)."""
+    a = np.asarray(per_run_us, dtype=float)
+    return {"strategy": name, "us_per_token_median": float(np.median(a)), "us_min": float(a.min()),
+            "us_max": float(a.max()), "us_iqr": float(np.percentile(a, 75) - np.percentile(a, 25)),
+            "runs": runs, "tokens": tokens}
+
+
 def time_strategy(cfg, strategy, base, tokens: int, runs: int, start: int) -> dict:
     """Median and spread over ``runs`` of the mean time per token of ``tokens`` steps from ``start``."""
     from workbench.exec.cuda import CudaExecutor
@@ -154,10 +167,7 @@ def time_strategy(cfg, strategy, base, tokens: int, runs: int, start: int) -> di
         us = (np.asarray(ex.times.end_ns[n0:]) - np.asarray(ex.times.start_ns[n0:])) / 1e3
         per_run.append(float(us.mean()))
     plan = ex.bound(cfg.kv_len(start)).plan
-    a = np.asarray(per_run)
-    out = {"strategy": strategy.label(), "us_per_token_median": float(np.median(a)), "us_min": float(a.min()),
-           "us_max": float(a.max()), "us_iqr": float(np.percentile(a, 75) - np.percentile(a, 25)),
-           "runs": runs, "tokens": tokens, "kernels_per_token": len(plan.launches),
+    out = {**summary(strategy.label(), per_run, runs, tokens), "kernels_per_token": len(plan.launches),
            "bytes_per_token": float(sum(n.bytes for n in plan.graph.nodes))}
     del ex
     return out
@@ -256,39 +266,62 @@ class TorchLlama:
         return np.asarray(out)
 
 
-def time_torch(cfg, ex, tokens: int, runs: int, start: int) -> dict:
+def time_torch(cfg, ex, tokens: int, runs: int, start: int, mode: str) -> tuple[dict, dict]:
+    """Rows ``torch-eager`` and ``torch-compile+graph`` (``torch.compile(mode=mode)`` of the step,
+    captured in one CUDA graph), and what the compile cost: (rows, info)."""
     import torch
 
     m = TorchLlama(cfg, ex)
     ids = token_ids(cfg, tokens, 0)
-    res = {}
+    info: dict = {"torch": torch.__version__, "mode": mode}
     with torch.inference_mode():
         m.run_tokens(ids[:4], start)
         eager = [float(m.run_tokens(ids, start).mean()) for _ in range(runs)]
+        compiled = torch.compile(m.step, mode=mode, dynamic=False)
+        m.tok.fill_(int(ids[0]))
+        m.pos.fill_(start)
+        t0 = time.perf_counter()
+        first = compiled().float()
+        torch.cuda.synchronize()
+        info["compile_s"] = time.perf_counter() - t0
+        ref = m.step().float()
+        info["compiled_vs_eager_max_rel_err"] = float((first - ref).abs().max() / ref.abs().max())
         s = torch.cuda.Stream()
         s.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(s):
             for _ in range(3):
-                m.step()
+                compiled()
         torch.cuda.current_stream().wait_stream(s)
         g = torch.cuda.CUDAGraph()
+        t0 = time.perf_counter()
         with torch.cuda.graph(g):
-            static_out = m.step()
+            static_out = compiled()
+        info["capture_s"] = time.perf_counter() - t0
 
         def replay():
             g.replay()
             return static_out
 
         m.run_tokens(ids[:4], start, replay)
-        graph = [float(m.run_tokens(ids, start, replay).mean()) for _ in range(runs)]
-    for name, a in (("torch-eager", eager), ("torch-cudagraph", graph)):
-        a = np.asarray(a)
-        res[name] = {"strategy": name, "us_per_token_median": float(np.median(a)), "us_min": float(a.min()),
-                     "us_max": float(a.max()), "us_iqr": float(np.percentile(a, 75) - np.percentile(a, 25)),
-                     "runs": runs, "tokens": tokens}
-    del m
-    torch.cuda.empty_cache()
-    return res
+        graph, events = [], []
+        e0, e1 = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        for _ in range(runs):
+            e0.record()
+            graph.append(float(m.run_tokens(ids, start, replay).mean()))
+            e1.record()
+            e1.synchronize()
+            events.append(e0.elapsed_time(e1) * 1e3 / len(ids))
+        reps = 20
+        e0.record()
+        for _ in range(reps):
+            g.replay()
+        e1.record()
+        e1.synchronize()
+        info["graph_replay_device_us"] = e0.elapsed_time(e1) * 1e3 / reps
+    rows = {"torch-eager": summary("torch-eager", eager, runs, tokens),
+            "torch-compile+graph": {**summary("torch-compile+graph", graph, runs, tokens),
+                                    "us_per_token_events_median": float(np.median(events))}}
+    return rows, info
 
 
 def speedups(rows: dict, base: str) -> None:
@@ -296,17 +329,105 @@ def speedups(rows: dict, base: str) -> None:
         r["speedup_vs_" + base] = rows[base]["us_per_token_median"] / r["us_per_token_median"]
 
 
+#: peers a run can time beside ours (``--peers``)
+PEERS = ("torch",)
+#: parts ``--skip`` can leave out
+PARTS = ("llama", "alone", "kernels", "next")
+
+
+def bench_llama(cp, name: str, args, skip: set[str], peers: set[str], bw: float, result: dict, save) -> None:
+    """Our strategies on the llama-family preset ``name`` (f16, context 512), its bandwidth floor,
+    the per-kernel device times, and the peers' rows beside them in ``result[name]``."""
+    from workbench.exec.cuda import CudaExecutor
+
+    cfg = preset(name, context=512)
+    if cfg.family != "llama":
+        raise SystemExit(f"--models {name}: the PyTorch peer and the kernel table model llama-family presets "
+                         "(llama-3.2-1b, llama-3.1-8b); pass one of those")
+    start = 512 - args.tokens  # steps start..511 attend over 512 KV rows
+    t0 = time.time()
+    base = CudaExecutor(cfg, Strategy(), weights="device")
+    print(f"{cfg.name} weights on the GPU in {time.time() - t0:.1f} s", flush=True)
+    ours = stack() if args.ours == "stack" else stack()[-2:]
+    rows: dict = result.setdefault(cfg.name, {})
+    info: dict = result.setdefault("per_model", {}).setdefault(cfg.name, {})
+    for label, st in ours + ([] if "alone" in skip or args.ours != "stack" else alone()):
+        rows[label] = time_strategy(cfg, st, base, args.tokens, args.runs, start)
+        print(f"  {label:20s} {rows[label]['us_per_token_median']:8.1f} us/token "
+              f"[{rows[label]['us_min']:.1f}, {rows[label]['us_max']:.1f}]", flush=True)
+        save()
+    nbytes = float(sum(n.bytes for n in build_graph(cfg, 512).nodes))
+    best_name = min(rows, key=lambda k: rows[k]["us_per_token_median"])
+    best = rows[best_name]["us_per_token_median"]
+    floor_us = nbytes / bw * 1e6
+    info["floor"] = {"bytes_per_token": nbytes, "floor_us": floor_us, "best": best_name, "best_us": best,
+                     "fraction_of_floor": floor_us / best}
+    print(f"  floor {floor_us:.1f} us/token ({nbytes / 1e9:.3f} GB at {bw / 1e9:.0f} GB/s); best {best_name} "
+          f"{best:.1f} us = {100 * floor_us / best:.1f} % of the floor", flush=True)
+    if "kernels" not in skip:
+        pre = CudaExecutor(cfg, Strategy(), share=base)
+        kt = kernel_times(cp, pre, start, LLAMA_LAYER_NODES + HEAD_NODES)
+        layer_us = sum(k["us"] for k in kt if k["node"] in LLAMA_LAYER_NODES)
+        head_us = sum(k["us"] for k in kt if k["node"] in HEAD_NODES)
+        info["kernels"] = kt
+        info["kernel_sum_us"] = {"layer": layer_us, "head": head_us, "token": layer_us * cfg.n_layer + head_us}
+        del pre
+        for k in kt:
+            print(f"  kernel {k['node']:16s} {k['kernel']:26s} {k['us']:8.2f} us {k['GBps']:7.0f} GB/s", flush=True)
+        print(f"  kernels alone: {layer_us:.1f} us per layer, {head_us:.1f} us head, "
+              f"{layer_us * cfg.n_layer + head_us:.1f} us per token", flush=True)
+    save()
+    if "torch" in peers:
+        try:
+            tr, tinfo = time_torch(cfg, base, args.tokens, args.runs, start, args.torch_mode)
+            rows.update(tr)
+            info["torch"] = {**tinfo, "ours_best_over_torch": best / tr["torch-compile+graph"]["us_per_token_median"]}
+            for k, r in tr.items():
+                print(f"  {k:20s} {r['us_per_token_median']:8.1f} us/token [{r['us_min']:.1f}, {r['us_max']:.1f}]",
+                      flush=True)
+            print(f"  torch.compile({args.torch_mode}) {tinfo['compile_s']:.1f} s, capture {tinfo['capture_s']:.2f} s, "
+                  f"compiled vs eager logits {tinfo['compiled_vs_eager_max_rel_err']:.2e}, graph replay "
+                  f"{tinfo['graph_replay_device_us']:.1f} us device; ours best ({best_name}) / torch = "
+                  f"{info['torch']['ours_best_over_torch']:.3f}", flush=True)
+        except Exception as e:  # report, keep the rest
+            info["torch_error"] = f"{type(e).__name__}: {e}"
+            print("torch part failed:", info["torch_error"], flush=True)
+        import torch
+
+        torch.cuda.empty_cache()
+    speedups(rows, next(iter(rows)))
+    save()
+    del base
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def _list(text: str, allowed: tuple[str, ...], flag: str) -> set[str]:
+    items = set(filter(None, text.split(",")))
+    bad = sorted(items - set(allowed))
+    if bad:
+        raise SystemExit(f"{flag}: unknown {', '.join(bad)} (choose from {', '.join(allowed)})")
+    return items
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--runs", type=int, default=10)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--out", default=str(ROOT / "data" / "bench" / "gpu_decode.json"))
+    ap.add_argument("--models", default="llama-3.2-1b",
+                    help="comma list of llama-family presets to time (ours and the peers)")
+    ap.add_argument("--peers", default="torch", help=f"comma list of peers to time beside ours: {', '.join(PEERS)}")
+    ap.add_argument("--ours", choices=("stack", "best"), default="stack",
+                    help="our strategies: every stacked knob (and each alone), or only the best two stacked")
+    ap.add_argument("--torch-mode", default="max-autotune-no-cudagraphs",
+                    help="torch.compile mode of the peer (then captured in one CUDA graph by hand)")
     ap.add_argument("--next-layers", type=int, default=8)
-    ap.add_argument("--skip", default="", help="comma list of parts to skip: llama,torch,next,alone")
-    ap.add_argument("--llama", default="llama-3.2-1b", help=argparse.SUPPRESS)  # smoke tests: a tiny preset
+    ap.add_argument("--skip", default="", help=f"comma list of parts to skip: {', '.join(PARTS)}")
     ap.add_argument("--next", default="qwen3-next-80b-a3b", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
-    skip = set(filter(None, args.skip.split(",")))
+    skip = _list(args.skip, PARTS + PEERS, "--skip")
+    peers = _list(args.peers, PEERS, "--peers") - skip
+    models = [m for m in args.models.split(",") if m]
 
     import cupy as cp
 
@@ -323,56 +444,8 @@ def main(argv=None) -> int:
         Path(args.out).write_text(json.dumps(result, indent=1))
 
     if "llama" not in skip:
-        cfg = preset(args.llama, context=512)
-        t0 = time.time()
-        base = CudaExecutor(cfg, Strategy(), weights="device")
-        print(f"{cfg.name} weights on the GPU in {time.time() - t0:.1f} s", flush=True)
-        rows: dict = {}
-        for name, st in stack() + ([] if "alone" in skip else alone()):
-            rows[name] = time_strategy(cfg, st, base, args.tokens, args.runs, start)
-            print(f"  {name:14s} {rows[name]['us_per_token_median']:8.1f} us/token "
-                  f"[{rows[name]['us_min']:.1f}, {rows[name]['us_max']:.1f}]", flush=True)
-            result[cfg.name] = rows
-            save()
-        speedups(rows, "default")
-        graph_bytes = build_graph(cfg, 512)
-        nbytes = float(sum(n.bytes for n in graph_bytes.nodes))
-        best_name = min(rows, key=lambda k: rows[k]["us_per_token_median"])
-        best = rows[best_name]["us_per_token_median"]
-        floor_us = nbytes / bw * 1e6
-        result["llama_floor"] = {"bytes_per_token": nbytes, "floor_us": floor_us, "best": best_name,
-                                 "best_us": best, "fraction_of_floor": floor_us / best}
-        pre = CudaExecutor(cfg, Strategy(), share=base)
-        kt = kernel_times(cp, pre, start, LLAMA_LAYER_NODES + HEAD_NODES)
-        layer_us = sum(k["us"] for k in kt if k["node"] in LLAMA_LAYER_NODES)
-        head_us = sum(k["us"] for k in kt if k["node"] in HEAD_NODES)
-        result["llama_kernels"] = kt
-        result["llama_kernel_sum_us"] = {"layer": layer_us, "head": head_us,
-                                         "token": layer_us * cfg.n_layer + head_us}
-        del pre
-        print(f"  floor {floor_us:.1f} us/token ({nbytes / 1e9:.3f} GB at {bw / 1e9:.0f} GB/s); best {best_name} "
-              f"{best:.1f} us = {100 * floor_us / best:.1f} % of the floor", flush=True)
-        for k in kt:
-            print(f"  kernel {k['node']:16s} {k['kernel']:26s} {k['us']:8.2f} us {k['GBps']:7.0f} GB/s", flush=True)
-        print(f"  kernels alone: {layer_us:.1f} us per layer, {head_us:.1f} us head, "
-              f"{layer_us * cfg.n_layer + head_us:.1f} us per token", flush=True)
-        save()
-        if "torch" not in skip:
-            try:
-                tr = time_torch(cfg, base, args.tokens, args.runs, start)
-                rows.update(tr)
-                speedups(rows, "default")
-                result["torch_vs_best"] = best / tr["torch-cudagraph"]["us_per_token_median"]
-                for k, r in tr.items():
-                    print(f"  {k:16s} {r['us_per_token_median']:8.1f} us/token [{r['us_min']:.1f}, {r['us_max']:.1f}]",
-                          flush=True)
-                print(f"  workbench best / torch CUDA graph = {result['torch_vs_best']:.3f}", flush=True)
-            except Exception as e:  # report, keep the rest
-                result["torch_error"] = f"{type(e).__name__}: {e}"
-                print("torch part failed:", result["torch_error"], flush=True)
-            save()
-        del base
-        cp.get_default_memory_pool().free_all_blocks()
+        for name in models:
+            bench_llama(cp, name, args, skip, peers, bw, result, save)
 
     if "next" not in skip:
         cfg = preset(args.next, layers=args.next_layers, context=512)

@@ -282,11 +282,131 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     PDL_TRIGGER(end);
 }
 
+// The GQA-shared variant of the vectorized kernel: block (g, s) takes key chunk s of KV head g
+// for all G = H / H_kv query heads that read it, so each K and V piece is loaded from memory
+// once per group instead of once per query head (the loads sit in registers, as above, and every
+// head of the group reuses them). Per head: scores, block softmax statistics and P.V as in
+// flash_attn_decode_vec, its partial written to the workspace row (h, s). The last block of the
+// group (one ticket per KV head) merges the S partials of each of its heads. grid = (H_kv, S),
+// block = 32 * FAV_WARPS; chunk and S as for k_flash_attn_ext_vec_* (host: smaller chunks, since
+// there are G times fewer blocks). q of the group staged in shared memory: G * D <= FAG_MAXQ.
+#define FAG_MAXQ 2048
+
+template <int KDT>
+__device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
+                                                      int has_sinks, float* ws, int* tickets, int steps) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int EPL = KDT == DT_F32 ? 4 : 8;
+    __shared__ float qs[FAG_MAXQ];
+    __shared__ float red[FAV_WARPS];
+    __shared__ float accs[FAV_WARPS][FA_MAXD];
+    __shared__ int is_last;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = blockIdx.x, sidx = blockIdx.y, S = gridDim.y;
+    const int H = q.n[2], D = q.n[3], n_kv = k.n[1], Hkv = k.n[2], G = H / Hkv;
+    const int P = D / EPL, LPK = P, KPW = 32 / LPK;
+    const int sub = lane / LPK, pl = lane % LPK;
+    const int chunk = FAV_WARPS * KPW * steps;
+    const int t0 = sidx * chunk;
+    const char* kb = k.p + (i64)g * k.s[2] + (i64)pl * 16;
+    const char* vb = v.p + (i64)g * v.s[2] + (i64)pl * 16;
+    const char* qg = q.p + (i64)g * G * q.s[2];
+    PDL_WAIT(first_read);
+    const float q0 = tid < D ? ldf_v(qg + (i64)tid * q.s[3], q.dt) : 0.0f;
+    PDL_WAIT(late);
+    fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
+    float mk[FAV_STEPS];
+#pragma unroll
+    for (int st = 0; st < FAV_STEPS; ++st) {
+        const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
+        const bool ok = st < steps && t < n_kv;
+        kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+        vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+        mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
+    }
+    for (int j = tid; j < G * D; j += blockDim.x) {
+        const int hh = j / D, e = j % D;
+        qs[j] = j == tid && hh == 0 ? q0 : ldf(qg + (i64)hh * q.s[2] + (i64)e * q.s[3], q.dt);
+    }
+    __syncthreads();
+    for (int hh = 0; hh < G; ++hh) {
+        const int h = g * G + hh;
+        float sc[FAV_STEPS];
+        float m = -WB_INF;
+#pragma unroll
+        for (int st = 0; st < FAV_STEPS; ++st) {
+            float p = 0.0f;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) p = fmaf(qs[hh * D + pl * EPL + e], fa_el<KDT>(kv[st], e), p);
+            for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+            sc[st] = mk[st] != -WB_INF ? p * scale + mk[st] : -WB_INF;
+            m = fmaxf(m, sc[st]);
+        }
+        m = warp_max(m);
+        if (lane == 0) red[warp] = m;
+        __syncthreads();
+        m = -WB_INF;
+        for (int w = 0; w < FAV_WARPS; ++w) m = fmaxf(m, red[w]);
+        __syncthreads();
+        float l = 0.0f, acc[EPL];
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] = 0.0f;
+#pragma unroll
+        for (int st = 0; st < FAV_STEPS; ++st) {
+            const float p = (m == -WB_INF || sc[st] == -WB_INF) ? 0.0f : expf(sc[st] - m);
+            if (pl == 0) l += p;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[e] = fmaf(p, fa_el<KDT>(vv[st], e), acc[e]);
+        }
+        l = warp_sum(l);
+        if (lane == 0) red[warp] = l;
+        for (int o = LPK; o < 32; o <<= 1)
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+        if (sub == 0)
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) accs[warp][pl * EPL + e] = acc[e];
+        __syncthreads();
+        float* part = ws + ((i64)h * S + sidx) * (D + 2);
+        for (int j = tid; j < D; j += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < FAV_WARPS; ++w) a += accs[w][j];
+            part[2 + j] = a;
+        }
+        if (tid == 0) {
+            float lb = 0.0f;
+            for (int w = 0; w < FAV_WARPS; ++w) lb += red[w];
+            part[0] = m;
+            part[1] = lb;
+        }
+        __syncthreads();  // red / accs are the next head's
+    }
+    PDL_TRIGGER(after_main_loop);
+    __threadfence();
+    __syncthreads();
+    if (tid == 0) is_last = atomicAdd(&tickets[g], 1) == S - 1;
+    __syncthreads();
+    if (is_last) {
+        __threadfence();
+        for (int hh = 0; hh < G; ++hh) {
+            const int h = g * G + hh;
+            const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) : 0.0f;  // a weight
+            fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
+        }
+        if (tid == 0) tickets[g] = 0;
+    }
+    PDL_TRIGGER(end);
+}
+
 #define FAV_ARGS TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale, int has_sinks, float *ws, int *tickets, int steps
 #define FAV_PASS d, q, k, v, mask, sinks, scale, has_sinks, ws, tickets, steps
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_f16(FAV_ARGS) { flash_attn_decode_vec<DT_F16>(FAV_PASS); }
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_bf16(FAV_ARGS) { flash_attn_decode_vec<DT_BF16>(FAV_PASS); }
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_f32(FAV_ARGS) { flash_attn_decode_vec<DT_F32>(FAV_PASS); }
+extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_gqa_f16(FAV_ARGS) { flash_attn_decode_gqa<DT_F16>(FAV_PASS); }
+extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_gqa_bf16(FAV_ARGS) { flash_attn_decode_gqa<DT_BF16>(FAV_PASS); }
+extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_gqa_f32(FAV_ARGS) { flash_attn_decode_gqa<DT_F32>(FAV_PASS); }
 
 #define FA_ARGS TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale, int has_sinks, float *ws, int *tickets
 #define FA_PASS d, q, k, v, mask, sinks, scale, has_sinks, ws, tickets

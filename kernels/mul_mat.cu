@@ -291,6 +291,72 @@ extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f32(TV d, TV w, T
     mmv_id<DT_F32>(d, w, x, ids, splits);
 }
 
+// Segmented variant for short rows (K of a few thousand that is not a multiple of 32 vectors:
+// gpt-oss's K = 2880 is 360 16-byte vectors, 11.25 per lane of a whole warp): `lpr` lanes per
+// row (8 or 16), so a warp covers 32 / lpr rows and each lane streams about nvec / lpr vectors
+// through the same pipelined row_dot, fewer lanes idling in the last round; a row's sums are
+// reduced over its lane segment by shuffles. ID: MUL_MAT_ID (w [E, N, K] on axes 1..3, the
+// expert read from ids after the wait, no weight prefetch before it), else MUL_MAT (w rows on
+// axes 0..2, prefetched before the wait). grid = (ceil(N / (MMV_WARPS * 32 / lpr)), M or n_ids).
+__device__ __forceinline__ float seg_sum(float v, int lpr) {
+    for (int o = lpr >> 1; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+    return v;
+}
+
+template <int WDT, bool ID>
+__device__ __forceinline__ void mmv_seg(TV d, TV w, TV x, TV ids, int lpr) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int row = (blockIdx.x * MMV_WARPS + warp) * (32 / lpr) + lane / lpr;
+    const int m = blockIdx.y, N = ID ? w.n[2] : tv_rows(w), K = w.n[3], nvec = K / VEC, v = lane % lpr;
+    const bool valid = row < N;
+    const int r = valid ? row : 0;
+    const int xrows = tv_rows(x);
+    u32x4 cur[MMV_UNROLL] = {};
+    const char* wr = w.p;
+    if (!ID) {  // weights: independent of earlier kernels
+        wr += tv_row_off(w, w.n, r);
+        prefetch(wr, nvec, v, lpr, valid, cur);
+    }
+    PDL_WAIT(first_read);
+    i64 e = 0;
+    float x0 = 0.0f;
+    if (ID) e = ldi_v(ids.p + tv_off(ids, ids.n, m), ids.dt);
+    else x0 = ldf_v(x.p + tv_row_off(x, x.n, m), DT_F32);
+    PDL_WAIT(late);
+    const float* xr = (const float*)(x.p + tv_row_off(x, x.n, ID ? (xrows > 1 ? m : 0) : m));
+    if (ID) {
+        wr += e * w.s[1] + (i64)r * w.s[2];
+        prefetch(wr, nvec, v, lpr, valid, cur);
+    }
+    float acc = valid ? row_dot<WDT>(wr, xr, nvec, v, lpr, cur) : 0.0f;
+    acc = seg_sum(acc + 0.0f * x0, lpr);
+    PDL_TRIGGER(after_main_loop);
+    if (valid && v == 0) stf(d.p + tv_off(d, d.n, m * N + row), d.dt, acc);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_seg_f16(TV d, TV w, TV x, int lpr) {
+    mmv_seg<DT_F16, false>(d, w, x, d, lpr);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_seg_f16(TV d, TV w, TV x, TV ids, int lpr) {
+    mmv_seg<DT_F16, true>(d, w, x, ids, lpr);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_seg_bf16(TV d, TV w, TV x, int lpr) {
+    mmv_seg<DT_BF16, false>(d, w, x, d, lpr);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_seg_bf16(TV d, TV w, TV x, TV ids, int lpr) {
+    mmv_seg<DT_BF16, true>(d, w, x, ids, lpr);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_seg_f32(TV d, TV w, TV x, int lpr) {
+    mmv_seg<DT_F32, false>(d, w, x, d, lpr);
+}
+extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_seg_f32(TV d, TV w, TV x, TV ids, int lpr) {
+    mmv_seg<DT_F32, true>(d, w, x, ids, lpr);
+}
+
 // Operands of output element ``o`` for the fallback mat-vecs (k_mul_mat_generic, k_mul_mat_cols):
 // the x row and the weight row (of expert ids[m] with ids). Holds the kernels' PDL waits: index
 // math before `first_read`, the first dependent reads (ids, x[0]) before `late`.

@@ -95,6 +95,42 @@ def test_full_size_hot_kernels_are_the_vector_ones():
     assert names["ffn_gate-0"] == "k_mul_mat_vec_rows_f16" and names["Kcur-0"] == "k_mul_mat_vec_f16"
 
 
+#: kernel variants behind cuda_ops' selection constants (off by default; benchmarks/kernel_bench.py
+#: times them): the constants that turn each on, the kernel name part it binds
+VARIANTS = {"attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),
+            "mmv-seg": ({"MMV_SEG_K_MAX": 1 << 16}, "_seg_")}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("name", TINY)
+def test_variant_kernels_bind(name, variant, monkeypatch):
+    """With a variant on, every node of each tiny model still binds to a kernel defined in
+    kernels/, and the variant's kernel is among them."""
+    knobs, part = VARIANTS[variant]
+    for k, v in knobs.items():
+        monkeypatch.setattr(cuda_ops, k, v)
+    cfg, plan = _plan(name, Strategy())
+    space = HostSpace(plan.graph)
+    names = {cuda_ops.bind(la.node, space.addr, lambda key, n: 0).name for la in plan.launches}
+    src = "".join((KERNEL_DIR / f"{s}.cu").read_text() for s in SOURCES)
+    assert all(re.search(rf"\b{k}\(", src) for k in names), names
+    assert any(part in k for k in names), names
+
+
+def test_full_size_gpt_oss_variants_bind_its_short_rows():
+    """gpt-oss-20b's K = 2880 rows (360 vectors) take the segmented kernels and its attention
+    (64 heads over 8 KV heads) the GQA-shared one when switched on."""
+    old = cuda_ops.FA_VARIANT, cuda_ops.MMV_SEG_K_MAX
+    try:
+        cuda_ops.FA_VARIANT, cuda_ops.MMV_SEG_K_MAX = "gqa", 4096
+        names = _bound_kernels(preset("gpt-oss-20b", layers=2), Strategy(), ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"))
+    finally:
+        cuda_ops.FA_VARIANT, cuda_ops.MMV_SEG_K_MAX = old
+    assert names["ffn_moe_gate-0"] == names["ffn_moe_down-1"] == "k_mul_mat_id_seg_f16"
+    assert names["Qcur-0"] == "k_mul_mat_vec_seg_f16"
+    assert names["kqv_out-0"] == "k_flash_attn_ext_gqa_f16"
+
+
 @pytest.mark.parametrize("name", ["gpt-oss-20b", "qwen3-30b-a3b"])
 @pytest.mark.parametrize("strategy", [Strategy(), ALL_ON], ids=["default", "all-fusions"])
 def test_full_size_expert_mat_vecs_are_the_vector_ones(name, strategy):
@@ -117,7 +153,9 @@ def test_attention_split_algorithm_matches_reference():
     mask = np.where(np.arange(n_kv) <= pos, 0.0, -np.inf).astype(np.float32)
     sinks = rng.standard_normal(H).astype(np.float32)
     steps, vec_chunk = cuda_ops.attn_vec_chunk(D, 2)
-    for sk, chunk in ((None, -(-n_kv // cuda_ops.attn_splits(H, n_kv))), (sinks, vec_chunk), (None, 7)):
+    gqa_chunk = cuda_ops.attn_gqa_chunk(D, 2, n_kv, Hkv)[1]
+    for sk, chunk in ((None, -(-n_kv // cuda_ops.attn_splits(H, n_kv))), (sinks, vec_chunk), (None, 7),
+                      (sinks, gqa_chunk)):
         S = -(-n_kv // chunk)
         assert S > 1
         out = np.zeros((H, D), np.float32)

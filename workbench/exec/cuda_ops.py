@@ -27,6 +27,17 @@ MMV_WARPS = 8
 MMV_ROWS_MIN = 8192
 #: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
 FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
+#: decode attention where the vector kernel applies: "vec" (a block per query head and key chunk)
+#: or "gqa" (a block per KV head and key chunk, its query heads sharing each K/V load:
+#: k_flash_attn_ext_gqa_*). "vec" until benchmarks/kernel_bench.py measures "gqa" faster.
+FA_VARIANT = "vec"
+#: query elements of one KV group the gqa kernel stages (kernels/attn.cu FAG_MAXQ)
+FAG_MAXQ = 2048
+#: mat-vecs (MUL_MAT, MUL_MAT_ID) with K of at most this many elements that is not a multiple of
+#: 32 16-byte vectors take the segmented kernel, MMV_SEG_LANES lanes per row
+#: (k_mul_mat_vec_seg_*, k_mul_mat_id_seg_*); 0: never, until kernel_bench.py says otherwise.
+MMV_SEG_K_MAX = 0
+MMV_SEG_LANES = 16
 #: row kernels: elements per thread staged in registers (kernels/norm.cu NORM_MAXPER)
 NORM_MAXPER = 8
 #: Numba norm kernels' fixed block (kernels/numba_kernels.py NORM_THREADS)
@@ -396,6 +407,19 @@ def _x_rows(x: View, K: int, node: Node) -> tuple[tuple[int, ...], tuple[int, ..
     return like(x, (x.numel // K, K), node.name)
 
 
+def _seg_lanes(K: int, vec: int) -> int | None:
+    """Lanes per row of the segmented mat-vec for rows of K elements (``vec`` per 16 bytes), or
+    None where the whole-warp kernels take the row (MMV_SEG_K_MAX off, K too long, or a whole
+    number of 32-vector rounds)."""
+    if not MMV_SEG_K_MAX or K > MMV_SEG_K_MAX or (K // vec) % 32 == 0:
+        return None
+    return MMV_SEG_LANES
+
+
+def _seg_grid(N: int, cols: int, lanes: int) -> tuple[int, int]:
+    return ceil(N / (MMV_WARPS * (32 // lanes))), cols
+
+
 def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     """MUL_MAT, and MUL_MAT_ADD (mul-mat-add: the same kernels with the addend, aligned to the
     result's flat index, added in the epilogue: the ``_add`` variants)."""
@@ -415,6 +439,10 @@ def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
     vec = _vec_width(w.dtype)
     if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+        lanes = _seg_lanes(K, vec)
+        if lanes and not sfx and N < MMV_ROWS_MIN:
+            return KernelCall("mul_mat", f"k_mul_mat_vec_seg_{w.dtype}", _seg_grid(N, M, lanes), (32 * MMV_WARPS,),
+                              (arg(d, addr), wa, xa, i32(lanes)), None, node.outs)
         if N >= MMV_ROWS_MIN:
             rpw = _rows_per_warp(N)
             return KernelCall("mul_mat", f"k_mul_mat_vec_rows_{w.dtype}{sfx}", (ceil(ceil(N / rpw) / MMV_WARPS), M),
@@ -475,6 +503,10 @@ def _mul_mat_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         raise BindError(f"{node.name}: {n_ids} experts x {N} outputs do not fill {d.shape}")
     vec = _vec_width(w.dtype)
     if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+        lanes = _seg_lanes(K, vec)
+        if lanes:
+            return KernelCall("mul_mat", f"k_mul_mat_id_seg_{w.dtype}", _seg_grid(N, n_ids, lanes),
+                              (32 * MMV_WARPS,), (arg(d, addr), wa, xa, ia, i32(lanes)), None, node.outs)
         splits = _mmv_splits(N, n_ids, K // vec)
         grid = (ceil(N / (MMV_WARPS // splits)), n_ids)
         return KernelCall("mul_mat", f"k_mul_mat_id_{w.dtype}", grid, (32 * MMV_WARPS,),
@@ -501,6 +533,17 @@ def attn_vec_chunk(head_dim: int, itemsize: int) -> tuple[int, int] | None:
     return steps, per_step * steps
 
 
+def attn_gqa_chunk(head_dim: int, itemsize: int, n_kv: int, n_kv_heads: int) -> tuple[int, int] | None:
+    """(steps, keys per block) of the GQA-shared kernel: the vector kernel's key pieces, fewer
+    steps per block so that its n_kv_heads * S blocks still fill about FA_TARGET_BLOCKS."""
+    vec = attn_vec_chunk(head_dim, itemsize)
+    if vec is None:
+        return None
+    per_step = vec[1] // vec[0]
+    steps = max(1, min(8, ceil(n_kv * n_kv_heads / (FA_TARGET_BLOCKS * per_step))))
+    return steps, per_step * steps
+
+
 def _rows16(v: View, a: Arg) -> bool:
     return a.ptr % 16 == 0 and v.strides[-1] == v.itemsize and all(s % 16 == 0 for s in v.strides[:-1])
 
@@ -519,7 +562,14 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     ka, va = arg(k, addr), arg(v, addr)
     rows_max = max(n_kv, k.buffer.nbytes // max(1, k.strides[0]))  # the cache's context
     vec = attn_vec_chunk(D, k.itemsize)
-    if vec is not None and _rows16(k, ka) and _rows16(v, va):
+    grid_x = H
+    if FA_VARIANT == "gqa" and vec is not None and (H // Hkv) * D <= FAG_MAXQ and _rows16(k, ka) and _rows16(v, va):
+        steps, chunk = attn_gqa_chunk(D, k.itemsize, n_kv, Hkv)
+        S, name, extra, grid_x = ceil(n_kv / chunk), f"k_flash_attn_ext_gqa_{k.dtype}", (i32(steps),), Hkv
+        # S over every KV length up to the cache's: at most ceil(FA_TARGET_BLOCKS / Hkv) + 1 while
+        # steps < 8, else growing with the length
+        s_max = max(ceil(FA_TARGET_BLOCKS / Hkv) + 1, ceil(rows_max / attn_gqa_chunk(D, k.itemsize, rows_max, Hkv)[1]))
+    elif vec is not None and _rows16(k, ka) and _rows16(v, va):
         steps, chunk = vec
         S, s_max, name, extra = ceil(n_kv / chunk), ceil(rows_max / chunk), f"k_flash_attn_ext_vec_{k.dtype}", \
             (i32(steps),)
@@ -530,7 +580,7 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     args = (arg(d, addr), arg(q, addr, (H, D), q.strides[-2:]), ka, va, arg(mask, addr),
             arg(sinks, addr) if sinks is not None else arg(mask, addr), f32(node.params["scale"]),
             i32(sinks is not None), ptr(base), ptr(base + nbytes - H * 4), *extra)
-    return KernelCall("attn", name, (H, S), (FA_THREADS,), args, None, node.outs)
+    return KernelCall("attn", name, (grid_x, S), (FA_THREADS,), args, None, node.outs)
 
 
 def _ssm_conv(node: Node, addr: Addr, _: Workspace) -> KernelCall:
