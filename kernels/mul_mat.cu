@@ -408,8 +408,9 @@ extern "C" __global__ void k_mul_mat_generic_add(TV d, TV w, TV x, TV ids, int h
     mm_generic<true>(d, w, x, ids, has_ids, b);
 }
 
-// Fallback for weights stored input-major (gpt-oss experts: the K axis is the strided one and
-// consecutive outputs are adjacent in memory): one thread per output element, looping over K,
+// Fallback for weights stored input-major (a transposed view: the K axis is the strided one and
+// consecutive outputs are adjacent in memory; gpt-oss's experts were, before the graph stored
+// them output-major): one thread per output element, looping over K,
 // so a warp's loads of one k are coalesced across its outputs. Same argument layout as
 // k_mul_mat_generic.
 template <bool ADD>
@@ -567,7 +568,7 @@ extern "C" __global__ void __launch_bounds__(256) k_mul_mat_id_f32_glu(TV d, TV 
     mmv_id_glu<DT_F32>(d, wg, wu, x, ids, splits);
 }
 
-// MUL_MAT_ID_GLU for layouts the vector kernel cannot take (input-major experts, K not a
+// MUL_MAT_ID_GLU for layouts the vector kernel cannot take (input-major views, K not a
 // multiple of the vector width): one warp per output, scalar strided loads of both rows.
 extern "C" __global__ void k_mul_mat_id_glu_generic(TV d, TV wg, TV wu, TV x, TV ids) {
     PDL_TRIGGER(start);

@@ -6,8 +6,9 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from gpu_cases import MODELS, executor, model_case, record
+from gpu_cases import MODELS, TINY, executor, model_case, record
 
+from workbench.exec import cuda_ops
 from workbench.exec.memory import Memory
 from workbench.exec.reference import load_static
 from workbench.exec.reference_ops import NUMPY_OPS
@@ -31,16 +32,15 @@ def _gpu_memory(ex, plan) -> Memory:
     return mem
 
 
-@pytest.mark.parametrize("fusion", FUSIONS)
-@pytest.mark.parametrize("model", list(MODELS))
-@pytest.mark.parametrize("kernels", ["cupy", "numba"])
-def test_every_node_matches_reference(model, fusion, kernels):
+def _node_errors(model: str, strategy: Strategy, kernels: str) -> tuple[list[str], float, set[str]]:
+    """One step of ``model`` on the GPU against the reference ops node by node: (mismatching
+    nodes, the worst relative error, the kernels bound)."""
     case = model_case(model)
-    strategy = Strategy(allocator="no-reuse", fusion=FUSIONS[fusion])
     ex = executor(case, strategy, kernels)
     pos, tok = 5, case.tokens[0]
     ex.step(tok, pos)
-    plan = ex.bound(case.cfg.kv_len(pos)).plan
+    bound = ex.bound(case.cfg.kv_len(pos))
+    plan = bound.plan
     gpu = _gpu_memory(ex, plan)
     ref = Memory()
     load_static(plan.graph, ref, case.weights)
@@ -56,7 +56,40 @@ def test_every_node_matches_reference(model, fusion, kernels):
             err = float(np.abs(g - r).max() / scale) if np.isfinite(g).all() else float("inf")
             worst = max(worst, err)
             if not err <= NODE_TOL:
-                call = ex.bound(case.cfg.kv_len(pos)).calls[la.index]
+                call = bound.calls[la.index]
                 bad.append(f"{node.name} ({node.op} -> {call.name}, out {k} {out.describe()}): rel err {err:.3g}")
+    return bad, worst, {c.name for c in bound.calls}
+
+
+@pytest.mark.parametrize("fusion", FUSIONS)
+@pytest.mark.parametrize("model", list(MODELS))
+@pytest.mark.parametrize("kernels", ["cupy", "numba"])
+def test_every_node_matches_reference(model, fusion, kernels):
+    bad, worst, _ = _node_errors(model, Strategy(allocator="no-reuse", fusion=FUSIONS[fusion]), kernels)
     record(test="nodes", model=model, fusion=fusion, kernels=kernels, worst_node_rel_err=worst, bad=len(bad))
     assert not bad, "first mismatching nodes:\n" + "\n".join(bad[:12])
+
+
+#: kernel variants behind cuda_ops' selection constants (off by default until
+#: benchmarks/kernel_bench.py measures them faster): the constants that turn each on, and the
+#: kernel name part it must bind on the tiny models
+VARIANTS = {
+    "attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),
+    "mmv-seg-16": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 16}, "_seg_"),
+    "mmv-seg-8": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 8}, "_seg_"),
+}
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("model", list(MODELS))
+def test_kernel_variants_match_reference(model, variant, monkeypatch):
+    """Each variant kernel, switched on, node by node against the reference on every model
+    (with all fusions, so the segmented kernels also meet the fused graphs' views)."""
+    knobs, part = VARIANTS[variant]
+    for k, v in knobs.items():
+        monkeypatch.setattr(cuda_ops, k, v)
+    bad, worst, kernels = _node_errors(model, Strategy(allocator="no-reuse", fusion=FUSIONS["fused"]), "cupy")
+    record(test="variants", model=model, variant=variant, worst_node_rel_err=worst, bad=len(bad))
+    assert not bad, "first mismatching nodes:\n" + "\n".join(bad[:12])
+    if model in TINY:
+        assert any(part in k for k in kernels), sorted(kernels)
