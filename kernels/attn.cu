@@ -289,8 +289,10 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
 // flash_attn_decode_vec, its partial written to the workspace row (h, s). The last block of the
 // group (one ticket per KV head) merges the S partials of each of its heads. grid = (H_kv, S),
 // block = 32 * FAV_WARPS; chunk and S as for k_flash_attn_ext_vec_* (host: smaller chunks, since
-// there are G times fewer blocks). q of the group staged in shared memory: G * D <= FAG_MAXQ.
+// there are G times fewer blocks). q of the group staged in shared memory: G * D <= FAG_MAXQ,
+// G <= FAG_MAXG (the group's sinks, read before the trigger like every graph view).
 #define FAG_MAXQ 2048
+#define FAG_MAXG 64
 
 template <int KDT>
 __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
@@ -299,6 +301,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
     PDL_WAIT(start);
     constexpr int EPL = KDT == DT_F32 ? 4 : 8;
     __shared__ float qs[FAG_MAXQ];
+    __shared__ float sks[FAG_MAXG];
     __shared__ float red[FAV_WARPS];
     __shared__ float accs[FAV_WARPS][FA_MAXD];
     __shared__ int is_last;
@@ -329,6 +332,8 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
         const int hh = j / D, e = j % D;
         qs[j] = j == tid && hh == 0 ? q0 : ldf(qg + (i64)hh * q.s[2] + (i64)e * q.s[3], q.dt);
     }
+    for (int j = tid; j < G; j += blockDim.x)  // a weight
+        sks[j] = has_sinks ? ldf(sinks.p + (i64)(g * G + j) * sinks.s[3], sinks.dt) : 0.0f;
     __syncthreads();
     for (int hh = 0; hh < G; ++hh) {
         const int h = g * G + hh;
@@ -389,11 +394,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
     __syncthreads();
     if (is_last) {
         __threadfence();
-        for (int hh = 0; hh < G; ++hh) {
-            const int h = g * G + hh;
-            const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) : 0.0f;  // a weight
-            fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
-        }
+        for (int hh = 0; hh < G; ++hh) fa_combine_partials(d, D, g * G + hh, S, sks[hh], has_sinks, ws);
         if (tid == 0) tickets[g] = 0;
     }
     PDL_TRIGGER(end);

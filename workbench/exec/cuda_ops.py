@@ -31,8 +31,8 @@ FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
 #: or "gqa" (a block per KV head and key chunk, its query heads sharing each K/V load:
 #: k_flash_attn_ext_gqa_*). "vec" until benchmarks/kernel_bench.py measures "gqa" faster.
 FA_VARIANT = "vec"
-#: query elements of one KV group the gqa kernel stages (kernels/attn.cu FAG_MAXQ)
-FAG_MAXQ = 2048
+#: query elements and heads of one KV group the gqa kernel stages (kernels/attn.cu FAG_MAXQ, FAG_MAXG)
+FAG_MAXQ, FAG_MAXG = 2048, 64
 #: mat-vecs (MUL_MAT, MUL_MAT_ID) with K of at most this many elements that is not a multiple of
 #: 32 16-byte vectors take the segmented kernel, MMV_SEG_LANES lanes per row
 #: (k_mul_mat_vec_seg_*, k_mul_mat_id_seg_*); 0: never, until kernel_bench.py says otherwise.
@@ -563,7 +563,8 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     rows_max = max(n_kv, k.buffer.nbytes // max(1, k.strides[0]))  # the cache's context
     vec = attn_vec_chunk(D, k.itemsize)
     grid_x = H
-    if FA_VARIANT == "gqa" and vec is not None and (H // Hkv) * D <= FAG_MAXQ and _rows16(k, ka) and _rows16(v, va):
+    if (FA_VARIANT == "gqa" and vec is not None and (H // Hkv) * D <= FAG_MAXQ and H // Hkv <= FAG_MAXG
+            and _rows16(k, ka) and _rows16(v, va)):
         steps, chunk = attn_gqa_chunk(D, k.itemsize, n_kv, Hkv)
         S, name, extra, grid_x = ceil(n_kv / chunk), f"k_flash_attn_ext_gqa_{k.dtype}", (i32(steps),), Hkv
         # S over every KV length up to the cache's: at most ceil(FA_TARGET_BLOCKS / Hkv) + 1 while
