@@ -341,9 +341,6 @@ def bench_llama(cp, name: str, args, skip: set[str], peers: set[str], bw: float,
     from workbench.exec.cuda import CudaExecutor
 
     cfg = preset(name, context=512)
-    if cfg.family != "llama":
-        raise SystemExit(f"--models {name}: the PyTorch peer and the kernel table model llama-family presets "
-                         "(llama-3.2-1b, llama-3.1-8b); pass one of those")
     start = 512 - args.tokens  # steps start..511 attend over 512 KV rows
     t0 = time.time()
     base = CudaExecutor(cfg, Strategy(), weights="device")
@@ -428,6 +425,10 @@ def main(argv=None) -> int:
     skip = _list(args.skip, PARTS + PEERS, "--skip")
     peers = _list(args.peers, PEERS, "--peers") - skip
     models = [m for m in args.models.split(",") if m]
+    for m in models:
+        if preset(m).family != "llama":
+            raise SystemExit(f"--models {m}: the PyTorch peer and the kernel table model llama-family presets "
+                             "(llama-3.2-1b, llama-3.1-8b); pass those")
 
     import cupy as cp
 

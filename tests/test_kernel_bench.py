@@ -41,7 +41,8 @@ def test_kernel_bench_covers_each_op_and_restores_the_defaults():
 
 
 @pytest.mark.parametrize("argv,message", [(["--peers", "jax"], "--peers: unknown jax"),
-                                          (["--skip", "lama"], "--skip: unknown lama")])
+                                          (["--skip", "lama"], "--skip: unknown lama"),
+                                          (["--models", "gpt-oss-20b"], "llama-family presets")])
 def test_gpu_decode_names_unknown_peers_and_parts(argv, message):
     gd = _load("gpu_decode")
     with pytest.raises(SystemExit, match=message):
