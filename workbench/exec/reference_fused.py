@@ -58,15 +58,49 @@ def op_mul_mat_id_glu(node: Node, mem: Memory) -> None:
 
 @numpy_op("ROPE_SET_ROWS")
 def op_rope_set_rows(node: Node, mem: Memory) -> None:
-    from .reference_ops import rope
+    from .reference_ops import rope, store_rows
 
     x = _src(node, mem, 0)
     pos = int(mem.read(node.srcs[1]).reshape(-1)[0])
     rot = rope(x, pos, _src(node, mem, 2), node.params["n_rot"], node.params.get("attn_factor", 1.0))
-    idx = mem.read(node.srcs[3]).astype(np.int64).reshape(-1)
-    cache = node.outs[0]
-    for r, i in zip(rot.reshape(len(idx), -1), idx):
-        mem.write(cache.slice(0, int(i), int(i) + 1), r.reshape(1, -1))
+    store_rows(mem, node.outs[0], node.srcs[3], rot)
+
+
+def _normed(node: Node, mem: Memory, slot: int) -> np.ndarray:
+    """Source ``slot`` (x) as the folded ``rms_norm(x) * w`` of norm-mat-vec (w the last source),
+    computed as RMS_NORM then MUL did; x itself where no norm was folded in."""
+    x = _src(node, mem, slot)
+    if "eps" not in node.params:
+        return x
+    return rms_norm(x, node.params["eps"]) * _src(node, mem, len(node.srcs) - 1)
+
+
+@numpy_op("RMS_NORM_MUL_MAT")
+def op_rms_norm_mul_mat(node: Node, mem: Memory) -> None:
+    _out(node, mem, _mat_vec(_src(node, mem, 0), _normed(node, mem, 1)))
+
+
+@numpy_op("RMS_NORM_MUL_MAT_GLU")
+def op_rms_norm_mul_mat_glu(node: Node, mem: Memory) -> None:
+    wg, wu = _src(node, mem, 0), _src(node, mem, 1)
+    x = _normed(node, mem, 2)
+    _out(node, mem, silu(_mat_vec(wg, x)) * _mat_vec(wu, x))
+
+
+@numpy_op("QKV_ROPE_SET_ROWS")
+def op_qkv_rope_set_rows(node: Node, mem: Memory) -> None:
+    """outs = (q rotated, k cache, v cache): the three mat-vecs of one (normed) x, q and k rotated
+    per head of ``head_dim`` as ROPE does, k and v stored as SET_ROWS does."""
+    from .reference_ops import rope, store_rows
+
+    x = _normed(node, mem, 3)
+    pos = int(mem.read(node.srcs[4]).reshape(-1)[0])
+    freqs, hd = _src(node, mem, 5), node.params["head_dim"]
+    n_rot, factor = node.params["n_rot"], node.params.get("attn_factor", 1.0)
+    q, k, v = (_mat_vec(_src(node, mem, i), x) for i in range(3))
+    _out(node, mem, rope(q.reshape(-1, hd), pos, freqs, n_rot, factor), 0)
+    store_rows(mem, node.outs[1], node.srcs[6], rope(k.reshape(-1, hd), pos, freqs, n_rot, factor))
+    store_rows(mem, node.outs[2], node.srcs[6], v)
 
 
 @numpy_op("ADD_CHAIN")

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..graph import Node
+from ..graph import Node, View
 from . import (
     reference_fused,  # noqa: F401  (registers the fused ops of the Strategy fusions)
     reference_gdn,  # noqa: F401  (registers the gated-delta-net ops in NUMPY_OPS)
@@ -157,13 +157,16 @@ def op_quantize_q8_1(node: Node, mem: Memory) -> None:
     _out(node, mem, _src(node, mem, 0))
 
 
-@numpy_op("SET_ROWS")
-def op_set_rows(node: Node, mem: Memory) -> None:
-    rows = _src(node, mem, 0)
-    idx = mem.read(node.srcs[1]).astype(np.int64).reshape(-1)
-    cache = node.outs[0]
+def store_rows(mem: Memory, cache: View, idx_view: View, rows: np.ndarray) -> None:
+    """Row ``k`` of ``rows`` (flattened to one row per index) into row ``idx[k]`` of ``cache``."""
+    idx = mem.read(idx_view).astype(np.int64).reshape(-1)
     for r, i in zip(rows.reshape(len(idx), -1), idx):
         mem.write(cache.slice(0, int(i), int(i) + 1), r.reshape(1, -1))
+
+
+@numpy_op("SET_ROWS")
+def op_set_rows(node: Node, mem: Memory) -> None:
+    store_rows(mem, node.outs[0], node.srcs[1], _src(node, mem, 0))
 
 
 def attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, mask: np.ndarray, scale: float,

@@ -105,6 +105,28 @@ def _rope_set_rows_bytes(n: Node) -> float:
     return float(sum(s.nbytes for s in n.srcs) + x.numel * n.dst.itemsize)
 
 
+def _norm_mat_vec_flops(n: Node) -> float:
+    # srcs = (w..., x, w_norm): the mat-vec(s) plus sum(x^2), the scale and the weight per element
+    # of x, recomputed by every block of the fused kernel (counted once here: the DRAM-side view)
+    mats = n.srcs[:-2]
+    return sum(2.0 * w.numel for w in mats) + 4.0 * n.srcs[-2].numel + (6.0 * n.dst.numel if len(mats) == 2 else 0.0)
+
+
+def _qkv_flops(n: Node) -> float:
+    # srcs = (wq, wk, wv, x, pos, freqs, idx[, w_norm]): three mat-vecs, the rotation of q and k
+    # (6 per element, as ROPE), the folded norm (4 per element of x)
+    wq, wk, wv = n.srcs[:3]
+    norm = 4.0 * n.srcs[3].numel if len(n.srcs) > 7 else 0.0
+    return 2.0 * (wq.numel + wk.numel + wv.numel) + 6.0 * (n.outs[0].numel + wk.numel // wk.shape[-1]) + norm
+
+
+def _qkv_bytes(n: Node) -> float:
+    # every source once, q written, and one cache row each of k and v (their elements, in the cache's type)
+    wk, wv = n.srcs[1], n.srcs[2]
+    rows = (wk.numel // wk.shape[-1]) * n.outs[1].itemsize + (wv.numel // wv.shape[-1]) * n.outs[2].itemsize
+    return float(sum(s.nbytes for s in n.srcs) + n.outs[0].nbytes + rows)
+
+
 def _attn_flops(n: Node) -> float:
     q, k = n.srcs[0], n.srcs[1]
     n_head, hd = q.shape[-2], q.shape[-1]
@@ -168,6 +190,10 @@ _op("MUL_MAT_ID_GLU", "mul_mat", _mul_mat_id_glu_flops, _mul_mat_id_glu_bytes)  
 _op("ROPE_SET_ROWS", "rope", lambda n: 6.0 * n.srcs[0].numel, _rope_set_rows_bytes)  # rope-set-rows: into the cache
 _op("TOPK_MOE", "softmax", lambda n: float(n.srcs[0].numel * 13), _multi_out_bytes)  # topk-moe fusion
 _op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1)))  # add-chain: a + b + c ...
+# the workbench's own fusions (workbench/strategy/fusion_ours.py): llama.cpp has no kernel for them
+_op("RMS_NORM_MUL_MAT", "mul_mat", _norm_mat_vec_flops)      # norm-mat-vec: the norm in the mat-vec
+_op("RMS_NORM_MUL_MAT_GLU", "mul_mat", _norm_mat_vec_flops)  # norm-mat-vec of a gate/up mat-vec
+_op("QKV_ROPE_SET_ROWS", "mul_mat", _qkv_flops, _qkv_bytes)  # qkv-rope-store: Q/K/V + RoPE + cache rows
 _op("QUANTIZE_Q8_1", "elementwise", _elementwise_flops(3))  # |x| max, scale, round per value
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)

@@ -4,6 +4,7 @@ from .compile import compile_plan
 from .plan import HOST_OPS, Allocation, HostOp, Launch, Plan
 from .strategy import (
     ALL_ON,
+    ALL_ON_OURS,
     ALLOCATORS,
     FUSIONS,
     PDL_TRIGGERS,
@@ -13,9 +14,11 @@ from .strategy import (
     Strategy,
     StrategyError,
     UnsafeStrategyWarning,
+    WORKBENCH_FUSIONS,
 )
 
 __all__ = [
-    "ALLOCATORS", "ALL_ON", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES", "SYNC_MODES",
-    "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning", "compile_plan",
+    "ALLOCATORS", "ALL_ON", "ALL_ON_OURS", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES", "SYNC_MODES",
+    "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning", "WORKBENCH_FUSIONS",
+    "compile_plan",
 ]

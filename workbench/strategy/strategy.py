@@ -15,7 +15,11 @@ STREAM_MODES = ("single", "qkv", "auto")                   # PR #16991
 PDL_WAITS = ("start", "first-read", "late")                # PDL (b9254); late = a race, to study it
 PDL_TRIGGERS = ("start", "after-main-loop", "end", "none")  # llama.cpp's PDL change (b9254)
 #: PR #23940's copy removal, then llama.cpp's fusion set (ggml_cuda_try_fuse), each its own knob
-FUSIONS = ("copy-elim", "rms-norm-mul", "mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe")
+#: the workbench's own fusions (llama.cpp has no kernel for them): the norm folded into the mat-vecs
+#: that read it, and a layer's Q/K/V mat-vecs + RoPE + KV-cache stores in one kernel
+WORKBENCH_FUSIONS = ("norm-mat-vec", "qkv-rope-store")
+FUSIONS = ("copy-elim", "rms-norm-mul", "mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe",
+           *WORKBENCH_FUSIONS)
 ALLOCATORS = ("serial-reuse", "stream-aware", "no-reuse")  # PR #16991's buffer-lifetime discussion
 
 
@@ -108,6 +112,9 @@ def _check(knob: str, value: Any, allowed: tuple[str, ...]) -> None:
         raise StrategyError(f"--{knob} {value!r} is not one of {', '.join(allowed)}")
 
 
-#: The stack of the four seeds, all on (safe placements).
+#: The stack of the four seeds, all on (safe placements), with llama.cpp's whole fusion set (what
+#: llama.cpp can run too; the workbench's own fusions are added by name, e.g. ``ALL_ON_OURS``).
 ALL_ON = Strategy(sync="implicit", graphs=True, streams="qkv", pdl=True,
-                  fusion=frozenset(FUSIONS), allocator="stream-aware")
+                  fusion=frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS), allocator="stream-aware")
+#: ALL_ON plus the workbench's own fusions: every fusion on
+ALL_ON_OURS = ALL_ON.with_(fusion=frozenset(FUSIONS))
