@@ -146,13 +146,19 @@ def test_every_knob_reaches_the_cli_the_panel_and_the_verify_sweep():
 
 
 def test_every_op_has_a_numpy_twin_a_cuda_kernel_and_a_cost():
-    from workbench.exec.cost import KERNEL_NAMES
+    from workbench.exec.cost import KERNEL_NAMES, WORKBENCH_ONLY_KERNELS
     from workbench.exec.cuda_ops import SUPPORTED_OPS
     from workbench.exec.reference_ops import NUMPY_OPS
+    from workbench.strategy import WORKBENCH_FUSIONS
+    from workbench.strategy.fusion_chains import FUSED_OPS
 
     assert set(NUMPY_OPS) == set(OPS)
     assert set(SUPPORTED_OPS) == set(OPS)
-    assert set(KERNEL_NAMES) == set(OPS)
+    # every op has llama.cpp's kernel name, except the ops of the workbench's own fusions, which
+    # llama.cpp has no kernel for: those are declared workbench-only (named after our kernel)
+    assert set(KERNEL_NAMES) | set(WORKBENCH_ONLY_KERNELS) == set(OPS)
+    assert not set(KERNEL_NAMES) & set(WORKBENCH_ONLY_KERNELS)
+    assert {FUSED_OPS.get(op) for op in WORKBENCH_ONLY_KERNELS} <= set(WORKBENCH_FUSIONS)
 
 
 def test_every_registered_backend_has_options_and_the_interface():
@@ -167,18 +173,18 @@ def test_every_registered_backend_has_options_and_the_interface():
 
 
 def test_every_op_is_reached_by_a_tiny_preset_and_the_access_model():
-    """Every declared op appears in some tiny preset's Plan (with or without the fusions, f16 or
+    """Every declared op appears in some tiny preset's Plan (with no fusion, llama.cpp's or every one; f16 or
     q8_0 weights), so the reference, cuda and race-checker tests over the tiny presets exercise
     it; and the access model gives each of its kernels at least one read and one write."""
     from workbench.models import TINY_PRESETS, preset
-    from workbench.strategy import ALL_ON, Strategy
+    from workbench.strategy import ALL_ON, ALL_ON_OURS, Strategy
     from workbench.strategy.steps import plan_for
     from workbench.verify import build, collect
 
     seen: set[str] = set()
     for name in TINY_PRESETS:
         for dtype in ("f16", "q8_0"):
-            for strategy in (Strategy(), ALL_ON):
+            for strategy in (Strategy(), ALL_ON, ALL_ON_OURS):
                 plan = plan_for(preset(name, weight_dtype=dtype), strategy)
                 ops = [la.node.op for la in plan.launches]
                 seen |= set(ops)

@@ -293,3 +293,9 @@ def test_first_read_placement_prefetches_weights_only(tmp_path):
         for name in (f"k_mul_mat_id_{dt}", f"k_mul_mat_id_{dt}_glu"):
             before_id = entries[name].split("griddepcontrol.wait")[0]
             assert "ld.global" not in before_id, name  # the expert is only known after reading ids
+    fused = _entries(_ptx("fused_mat_vec", "first-read", "start", tmp_path))
+    for dt in ("f16", "bf16", "f32"):  # the workbench's fused mat-vecs: weights first, x after the wait
+        for name in (f"k_mul_mat_vec_{dt}_norm", f"k_mul_mat_vec_{dt}_glu_norm", f"k_mul_mat_vec_{dt}_qkv_rope"):
+            before, after = fused[name].split("griddepcontrol.wait")
+            assert "ld.global.nc.L1::no_allocate.v4.u32" in before, name
+            assert "ld.volatile" not in before and "ld.volatile.global.f32" in after, name

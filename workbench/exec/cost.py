@@ -19,7 +19,7 @@ Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
+from math import ceil, prod
 
 from ..graph import Node, is_quantized
 from .calibration import Calibration, FamilyCost
@@ -61,6 +61,15 @@ KERNEL_NAMES = {
     "GATED_DELTA_NET": "gated_delta_net_f32",
 }
 
+#: ops of the workbench's own fusions (strategy/fusion_ours.py), which llama.cpp has no kernel for:
+#: the simulator names the workbench's ``cuda`` kernel instead (its name without the weight
+#: dtype). tests/test_architecture.py checks that this table and KERNEL_NAMES split the ops.
+WORKBENCH_ONLY_KERNELS = {
+    "RMS_NORM_MUL_MAT": "k_mul_mat_vec_norm",
+    "RMS_NORM_MUL_MAT_GLU": "k_mul_mat_vec_glu_norm",
+    "QKV_ROPE_SET_ROWS": "k_mul_mat_vec_qkv_rope",
+}
+
 #: fused op -> (the op whose kernel it extends, the suffix of its ``cuda`` kernel's name): the
 #: fused kernel runs the base kernel's main loop with a longer prologue or epilogue, so the base
 #: op's measured correction applies to it, over the fused node's own bytes and flops
@@ -68,7 +77,14 @@ FUSED_BASE = {"RMS_NORM_MUL_ADD": ("RMS_NORM", "_mul_add"),
               "MUL_MAT_ADD": ("MUL_MAT", "_add"), "MUL_MAT_GLU": ("MUL_MAT", "_glu"),
               "MUL_MAT_ID_GLU": ("MUL_MAT_ID", "_glu"),
               "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain"),
-              "TOPK_MOE": ("ARGSORT_TOP_K", "")}
+              "TOPK_MOE": ("ARGSORT_TOP_K", ""),
+              # the workbench's own: the block mat-vec's main loop after a prologue that stages
+              # the (normed) activation in shared memory (kernels/fused_mat_vec.cu)
+              "RMS_NORM_MUL_MAT": ("MUL_MAT", "_norm"), "RMS_NORM_MUL_MAT_GLU": ("MUL_MAT", "_glu_norm"),
+              "QKV_ROPE_SET_ROWS": ("MUL_MAT", "_qkv_rope")}
+#: fused ops whose kernel stages the activation row in a prologue before the main loop
+#: (``prologue_ns``): every block reads the row (and the norm weight) and reduces it
+STAGED_OPS = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS")
 
 _ELEMENTWISE_BLOCK = 256   # CUDA_*_BLOCK_SIZE of ggml's element-wise, copy, rope and set_rows kernels
 _FATTN_KQ_STRIDE = 256     # ggml's FATTN_KQ_STRIDE: KV rows one flash-attention block handles per pass
@@ -109,12 +125,17 @@ QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec
 def kernel_name(node: Node) -> str:
     if node.op in QUANTIZED_KERNEL_NAMES and is_quantized(node.srcs[0].dtype):
         return QUANTIZED_KERNEL_NAMES[node.op]
-    return KERNEL_NAMES.get(node.op, node.op.lower())
+    return KERNEL_NAMES.get(node.op) or WORKBENCH_ONLY_KERNELS.get(node.op, node.op.lower())
 
 
 def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     """(blocks, threads per block) of ``node``'s kernel as llama.cpp launches it for one token."""
     op, dst = node.op, node.dst
+    if op in WORKBENCH_ONLY_KERNELS:
+        call = _bound(node)                                # ours: the grid the cuda executor launches
+        if call is not None:
+            return prod(call.grid), prod(call.block)
+        return max(1, dst.numel), 256
     if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU"):
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
     if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
@@ -145,16 +166,33 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     return ceil(n / _ELEMENTWISE_BLOCK), _ELEMENTWISE_BLOCK
 
 
-def executor_kernel(node: Node) -> str | None:
-    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
-    kernel takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the
-    executor allocates them, so the alignment-dependent choices come out the same."""
+def _bound(node: Node):
+    """``cuda_ops.bind`` of ``node`` with every buffer at an aligned base, as the executor
+    allocates them (so the alignment-dependent choices come out the same), or None."""
     from .cuda_ops import BindError, bind
 
     try:
-        return bind(node, lambda v: v.offset, lambda key, n: 0).name
+        return bind(node, lambda v: v.offset, lambda key, n: 0)
     except BindError:
         return None
+
+
+def executor_kernel(node: Node) -> str | None:
+    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
+    kernel takes its views)."""
+    call = _bound(node)
+    return call.name if call is not None else None
+
+
+def prologue_ns(node: Node, cal: Calibration) -> float:
+    """The staging prologue of a ``STAGED_OPS`` kernel (kernels/fused_mat_vec.cu stage_x), which
+    the block mat-vec's measured fit does not contain: every block loads the activation row (and
+    the norm weight) as independent float4 loads, one round trip at the calibrated DRAM latency
+    (an upper bound: after the first block the row is in L2); with a folded norm, the block
+    reduction of sum(x^2) adds a second. Blocks run it concurrently, so it adds once."""
+    if node.op not in STAGED_OPS:
+        return 0.0
+    return cal.dram_latency_ns * (2 if "eps" in node.params else 1)
 
 
 def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
@@ -208,7 +246,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
         name=kernel_name(node), blocks=blocks, threads=threads, bytes=nbytes, flops=flops,
         work_ns=work, cap=cap, occupancy=min(1.0, blocks * threads / slots),
         write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0,
-        fixed_ns=fixed,
+        fixed_ns=fixed + prologue_ns(node, cal),
     )
 
 

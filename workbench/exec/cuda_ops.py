@@ -489,6 +489,82 @@ def _mul_mat_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
                       (arg(d, addr), ga, ua, xa), None, node.outs)
 
 
+#: blocks of the fused mat-vecs at most (kernels/fused_mat_vec.cu): FMV_MIN_BLOCKS = 4 resident per
+#: SM of a 132-SM GPU; their blocks stride over the rows, paying the staging prologue once each
+FMV_MAX_BLOCKS = 4 * 132
+
+
+def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View) -> tuple[tuple[Arg, ...], Arg, int]:
+    """Weight args, the activation arg and splits of a fused mat-vec (kernels/fused_mat_vec.cu),
+    whose layout the rewrite (strategy/fusion_ours.py) promised: rows of 16-byte vectors of one
+    dtype and K, one contiguous f32 row x of K <= FUSED_MAX_K."""
+    from ..strategy.fusion_ours import FUSED_MAX_K
+
+    K = mats[0].shape[-1]
+    ws = tuple(arg(w, addr) for w in mats)
+    xa = arg(x, addr, (1, K), (K * 4, 4)) if x.numel == K and x.is_contiguous else None
+    vec = _vec_width(mats[0].dtype)
+    if (xa is None or x.dtype != "f32" or K > FUSED_MAX_K or not vec or K % vec
+            or any(w.dtype != mats[0].dtype or w.shape[-1] != K for w in mats)
+            or not all(_aligned16(a, w.itemsize) for a, w in zip(ws, mats)) or not _aligned16(xa, 4)):
+        raise BindError(f"{node.name}: {node.op} takes 16-byte-aligned f16/bf16/f32 weight rows of one K "
+                        f"(<= {FUSED_MAX_K}) and one contiguous f32 row x; got "
+                        f"{', '.join(w.describe() for w in mats)} and {x.describe()}")
+    rows = sum(w.numel // K for w in mats)
+    return ws, xa, _mmv_splits(rows, 1, K // vec)
+
+
+def _fused_grid(items: int, splits: int) -> tuple[int]:
+    return (max(1, min(FMV_MAX_BLOCKS, ceil(items / (MMV_WARPS // splits)))),)
+
+
+def _norm_weight(node: Node, addr: Addr, K: int) -> Arg:
+    w = node.srcs[-1]
+    a = arg(w, addr, (K,), (4,)) if w.numel == K else None
+    if a is None or w.dtype != "f32" or not w.is_contiguous or a.ptr % 16:
+        raise BindError(f"{node.name}: the norm weight must be {K} contiguous, 16-byte aligned f32 values, got "
+                        f"{w.describe()}")
+    return a
+
+
+def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """RMS_NORM_MUL_MAT and RMS_NORM_MUL_MAT_GLU (norm-mat-vec): the block mat-vec over the
+    staged x * w_norm, scaled by the norm in the epilogue (swiglu of gate and up for _GLU)."""
+    glu = node.op == "RMS_NORM_MUL_MAT_GLU"
+    mats, x = node.srcs[: 2 if glu else 1], node.srcs[-2]
+    d = node.dst
+    ws, xa, splits = _fused_operands(node, addr, mats, x)
+    K, N = mats[0].shape[-1], mats[0].numel // mats[0].shape[-1]
+    if d.numel != N or (glu and (mats[1].shape != mats[0].shape or node.params.get("glu", "swiglu") != "swiglu")):
+        raise BindError(f"{node.name}: {node.op} of {[w.shape for w in mats]} does not fill {d.shape}")
+    args = (arg(d, addr), *ws, xa, _norm_weight(node, addr, K), f32(node.params["eps"]), i32(splits))
+    return KernelCall("fused_mat_vec", f"k_mul_mat_vec_{mats[0].dtype}{'_glu' if glu else ''}_norm",
+                      _fused_grid(N, splits), (32 * MMV_WARPS,), args, None, node.outs)
+
+
+def _qkv_rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """QKV_ROPE_SET_ROWS (qkv-rope-store, normed with norm-mat-vec): one grid over the rotation
+    pairs of the Q, K and V rows; q to its output, k and v into their cache rows."""
+    wq, wk, wv, x, pos, freqs, idx = node.srcs[:7]
+    q, kc, vc = node.outs
+    hd, n_rot = int(node.params["head_dim"]), int(node.params["n_rot"])
+    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x)
+    K = wq.shape[-1]
+    nq, nk, nv = (w.numel // K for w in (wq, wk, wv))
+    if (hd % 2 or n_rot % 2 or not 0 < n_rot <= hd or nq % hd or nk % hd or nv % hd or q.numel != nq
+            or idx.numel != 1 or any(c.numel // c.shape[0] != n for c, n in ((kc, nk), (vc, nv)))):
+        raise BindError(f"{node.name}: heads of {hd} (n_rot {n_rot}) over q {nq}, k {nk}, v {nv} rows into "
+                        f"{q.describe()} and one row of {kc.describe()}, {vc.describe()}")
+    has_norm = len(node.srcs) > 7
+    nw = _norm_weight(node, addr, K) if has_norm else xa
+    args = (arg(q, addr, (nq // hd, hd), (q.strides[-2] if len(q.shape) > 1 else hd * q.itemsize, q.strides[-1])),
+            rows_first(kc, addr), rows_first(vc, addr), *ws, xa, arg(pos, addr), arg(freqs, addr), arg(idx, addr),
+            nw, i32(n_rot), f32(node.params.get("attn_factor", 1.0)), f32(node.params.get("eps", 0.0)),
+            i32(has_norm), i32(splits))
+    return KernelCall("fused_mat_vec", f"k_mul_mat_vec_{wq.dtype}_qkv_rope", _fused_grid((nq + nk + nv) // 2, splits),
+                      (32 * MMV_WARPS,), args, None, node.outs)
+
+
 def _mul_mat_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     w, x, ids = node.srcs
     d = node.dst
@@ -629,6 +705,9 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "ADD_CHAIN": _add_chain,
     "TOPK_MOE": _topk_moe,
     "MUL_MAT_ID": _mul_mat_id,
+    "RMS_NORM_MUL_MAT": _rms_norm_mul_mat,
+    "RMS_NORM_MUL_MAT_GLU": _rms_norm_mul_mat,
+    "QKV_ROPE_SET_ROWS": _qkv_rope_set_rows,
     "FLASH_ATTN_EXT": _attn,
     "SSM_CONV": _ssm_conv,
     "GATED_DELTA_NET": _gdn,

@@ -31,7 +31,7 @@ import numpy as np
 #: the repository's kernel sources (CUDA C for NVRTC, plus the Numba kernels)
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 #: source file stems (``kernels/<name>.cu``)
-SOURCES = ("elementwise", "norm", "rope", "mul_mat", "attn", "topk", "gdn")
+SOURCES = ("elementwise", "norm", "rope", "mul_mat", "fused_mat_vec", "attn", "topk", "gdn")
 #: dtype name -> the ``DT_*`` code of common.cuh
 DT_CODES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3, "i64": 4}
 #: Strategy placement -> the PDL_AT_* macro of common.cuh
@@ -125,13 +125,27 @@ def ctype_of(value: Any) -> Any:
 # -------------------------------------------------------------------------------------------
 @cache
 def kernel_source(name: str) -> str:
-    """``kernels/<name>.cu`` with ``common.cuh`` inlined (so CuPy's compile cache key covers it)."""
+    """``kernels/<name>.cu`` with its ``kernels/*.cuh`` headers inlined, each once (so CuPy's
+    compile cache key covers them and NVRTC needs no include path)."""
     path = KERNEL_DIR / f"{name}.cu"
     if not path.exists():
         raise CudaBackendError(f"kernel source {path} is missing: the cuda backend runs from a checkout of the "
                                "repository (pip install -e .)")
-    common = (KERNEL_DIR / "common.cuh").read_text().replace("#pragma once", "")
-    return re.sub(r'#include "common.cuh"', lambda _: common, path.read_text())
+    seen: set[str] = set()
+
+    def inline(m: re.Match) -> str:
+        header = m.group(1)
+        if header in seen:
+            return ""
+        seen.add(header)
+        text = (KERNEL_DIR / header).read_text().replace("#pragma once", "")
+        return _LOCAL_INCLUDE.sub(inline, text)
+
+    return _LOCAL_INCLUDE.sub(inline, path.read_text())
+
+
+#: ``#include "x.cuh"`` of a header in kernels/
+_LOCAL_INCLUDE = re.compile(r'#include "(\w+\.cuh)"')
 
 
 def compile_options(wait: str, trigger: str, cc: tuple[int, int]) -> tuple[str, ...]:

@@ -1,0 +1,91 @@
+// The block mat-vec's load and dot helpers (shared by mul_mat.cu and fused_mat_vec.cu): 16-byte
+// non-caching weight loads, the dot of one vector with its activations, and the software
+// pipelined loop over one weight row (see mul_mat.cu for the work split and the PDL positions).
+#pragma once
+#include "common.cuh"
+
+#define MMV_WARPS 8
+#ifndef MMV_UNROLL
+#define MMV_UNROLL 4
+#endif
+// the row-streaming kernel keeps a shallower ring: measured best on H200 (benchmarks/matvec_sweep.py)
+#ifndef MMV_ROWS_UNROLL
+#define MMV_ROWS_UNROLL 2
+#endif
+
+struct alignas(16) u32x4 { u32 x, y, z, w; };
+struct alignas(16) f32x4 { float x, y, z, w; };
+
+__device__ __forceinline__ u32x4 ld_stream(const char* p) {
+    u32x4 v;
+    asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "l"(p));
+    return v;
+}
+
+__device__ __forceinline__ float lo_f16(u32 u) { return h2f((u16)(u & 0xffffu)); }
+__device__ __forceinline__ float hi_f16(u32 u) { return h2f((u16)(u >> 16)); }
+__device__ __forceinline__ float lo_bf16(u32 u) { return __uint_as_float(u << 16); }
+__device__ __forceinline__ float hi_bf16(u32 u) { return __uint_as_float(u & 0xffff0000u); }
+
+// Dot of one 16-byte weight vector with the matching activations (16-byte aligned).
+template <int WDT>
+__device__ __forceinline__ float dot16(const u32x4& w, const float* x, float acc) {
+    if (WDT == DT_F32) {
+        const f32x4 a = *(const f32x4*)x;
+        acc = fmaf(__uint_as_float(w.x), a.x, acc);
+        acc = fmaf(__uint_as_float(w.y), a.y, acc);
+        acc = fmaf(__uint_as_float(w.z), a.z, acc);
+        acc = fmaf(__uint_as_float(w.w), a.w, acc);
+        return acc;
+    }
+    const f32x4 a = *(const f32x4*)x;
+    const f32x4 b = *(const f32x4*)(x + 4);
+    if (WDT == DT_F16) {
+        acc = fmaf(lo_f16(w.x), a.x, acc); acc = fmaf(hi_f16(w.x), a.y, acc);
+        acc = fmaf(lo_f16(w.y), a.z, acc); acc = fmaf(hi_f16(w.y), a.w, acc);
+        acc = fmaf(lo_f16(w.z), b.x, acc); acc = fmaf(hi_f16(w.z), b.y, acc);
+        acc = fmaf(lo_f16(w.w), b.z, acc); acc = fmaf(hi_f16(w.w), b.w, acc);
+    } else {
+        acc = fmaf(lo_bf16(w.x), a.x, acc); acc = fmaf(hi_bf16(w.x), a.y, acc);
+        acc = fmaf(lo_bf16(w.y), a.z, acc); acc = fmaf(hi_bf16(w.y), a.w, acc);
+        acc = fmaf(lo_bf16(w.z), b.x, acc); acc = fmaf(hi_bf16(w.z), b.y, acc);
+        acc = fmaf(lo_bf16(w.w), b.z, acc); acc = fmaf(hi_bf16(w.w), b.w, acc);
+    }
+    return acc;
+}
+
+// The pipelined loop over one weight row: `cur` holds the first MMV_UNROLL vectors (already
+// issued); each iteration issues the next MMV_UNROLL before consuming the current ones.
+template <int WDT>
+__device__ __forceinline__ float row_dot(const char* wr, const float* xr, int nvec, int v, int step,
+                                         u32x4 (&cur)[MMV_UNROLL]) {
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    float acc = 0.0f;
+    for (; v < nvec; v += MMV_UNROLL * step) {
+        u32x4 nxt[MMV_UNROLL] = {};
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            const int idx = v + (MMV_UNROLL + u) * step;
+            if (idx < nvec) nxt[u] = ld_stream(wr + (i64)idx * 16);
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            const int idx = v + u * step;
+            if (idx < nvec) acc = dot16<WDT>(cur[u], xr + (i64)idx * VEC, acc);
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) cur[u] = nxt[u];
+    }
+    return acc;
+}
+
+__device__ __forceinline__ void prefetch(const char* wr, int nvec, int v, int step, bool valid,
+                                         u32x4 (&cur)[MMV_UNROLL]) {
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) {
+        const int idx = v + u * step;
+        if (valid && idx < nvec) cur[u] = ld_stream(wr + (i64)idx * 16);
+    }
+}
+
