@@ -1,6 +1,7 @@
 // The workbench's own fused mat-vecs (strategy/fusion_ours.py; llama.cpp has no kernel for them):
 //
-// * RMS_NORM_MUL_MAT, RMS_NORM_MUL_MAT_GLU (norm-mat-vec): the RMS norm of the activation folded
+// * RMS_NORM_MUL_MAT, RMS_NORM_MUL_MAT_GLU (norm-mat-vec; tall matrices through the row-streaming
+//   loop, k_mul_mat_vec_rows_*_norm): the RMS norm of the activation folded
 //   into the mat-vec that reads it. Every block stages x * w_norm in shared memory while it sums
 //   x^2 (x is K floats the mat-vec reads anyway), then streams its weight rows against the staged
 //   row; a row's dot is scaled by rsqrt(mean(x^2) + eps) at the end (rms_norm(x) * w . row =
@@ -124,6 +125,41 @@ extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_
 extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_f32_glu_norm(TV d, TV wg, TV wu, TV x, TV nw,
                                                                              float eps, int splits) {
     fmv_norm<DT_F32, true>(d, wg, wu, x, nw, eps, splits);
+}
+
+// RMS_NORM_MUL_MAT for tall matrices (N >= 8192: the lm_head): the row-streaming loop of
+// k_mul_mat_vec_rows_* (RowStream) over the staged x * w_norm, each row's dot scaled in its store.
+// grid = (ceil(ceil(N / rows_per_warp) / MMV_WARPS),).
+template <int WDT>
+__device__ __forceinline__ void fmv_rows_norm(TV d, TV w, TV x, TV nw, float eps, int rows_per_warp) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    __shared__ __align__(16) float xs[FMV_MAXK];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    RowStream<WDT, MMV_ROWS_UNROLL> rs(w, blockIdx.x * MMV_WARPS + warp, gridDim.x * MMV_WARPS, rows_per_warp, lane);
+    rs.issue_first();  // weights: independent of earlier kernels
+    PDL_WAIT(first_read);
+    const float x0 = ldf_v(x.p, DT_F32);
+    PDL_WAIT(late);
+    const float scale = stage_x(x, nw, true, eps, w.n[3], x0, xs);
+    rs.stream(xs, 0.0f, [&](int row, float sum) {
+        if (lane == 0) stf(d.p + tv_off(d, d.n, row), d.dt, scale * sum);
+    });
+    PDL_TRIGGER(after_main_loop);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_rows_f16_norm(TV d, TV w, TV x, TV nw,
+                                                                                              float eps, int rpw) {
+    fmv_rows_norm<DT_F16>(d, w, x, nw, eps, rpw);
+}
+extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_rows_bf16_norm(TV d, TV w, TV x, TV nw,
+                                                                                               float eps, int rpw) {
+    fmv_rows_norm<DT_BF16>(d, w, x, nw, eps, rpw);
+}
+extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_rows_f32_norm(TV d, TV w, TV x, TV nw,
+                                                                                              float eps, int rpw) {
+    fmv_rows_norm<DT_F32>(d, w, x, nw, eps, rpw);
 }
 
 // The two weight rows of rotation pair `item` (of (Nq + Nk + Nv) / 2, heads of hd rows: Q's,

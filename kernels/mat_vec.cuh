@@ -89,3 +89,72 @@ __device__ __forceinline__ void prefetch(const char* wr, int nvec, int v, int st
     }
 }
 
+
+// The row-streaming loop for tall matrices: warp gw of W owns rows r = gw, gw + W, ... (at most
+// rows_per_warp, W = warps in the grid, about one resident wave) and streams all their 16-byte
+// vectors as one pipelined sequence of U in flight (item t = row t / J, vector lane + 32 * (t % J)),
+// so loads stay in flight across row boundaries instead of every row paying a block's ramp and
+// tail. issue_first() loads the first U (weights only: before the PDL wait); stream() consumes
+// them against x (16-byte aligned, global or shared) and calls store(row, sum) on every lane with
+// each row's warp-reduced dot.
+template <int WDT>
+__device__ __forceinline__ const char* w_row(const TV& w, int row) {
+    return w.p + (w.n[0] * w.n[1] == 1 ? (i64)row * w.s[2] : tv_row_off(w, w.n, row));
+}
+
+template <int WDT, int U>
+struct RowStream {
+    static constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    const TV& w;
+    int gw, W, lane, nvec, J, T;
+    int ii = 0, jj = 0;  // issue side: next item to load
+    u32x4 cur[U] = {};
+
+    __device__ __forceinline__ RowStream(const TV& w_, int gw_, int W_, int rows_per_warp, int lane_)
+        : w(w_), gw(gw_), W(W_), lane(lane_) {
+        const int N = tv_rows(w);
+        nvec = w.n[3] / VEC;
+        J = (nvec + 31) / 32;
+        int R = 0;  // rows of this warp
+        while (R < rows_per_warp && gw + R * W < N) ++R;
+        T = R * J;
+    }
+
+    __device__ __forceinline__ void issue(u32x4& slot) {
+        const int v = lane + 32 * jj;
+        if (v < nvec) slot = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
+        if (++jj == J) { jj = 0; ++ii; }
+    }
+
+    __device__ __forceinline__ void issue_first() {
+#pragma unroll
+        for (int u = 0; u < U; ++u)
+            if (u < T) issue(cur[u]);
+    }
+
+    template <class Store>
+    __device__ __forceinline__ void stream(const float* xr, float acc, Store store) {
+        int ci = 0, cj = 0;  // consume side
+        for (int t0 = 0; t0 < T; t0 += U) {
+            u32x4 nxt[U] = {};
+#pragma unroll
+            for (int u = 0; u < U; ++u)
+                if (t0 + U + u < T) issue(nxt[u]);
+#pragma unroll
+            for (int u = 0; u < U; ++u) {
+                if (t0 + u < T) {
+                    const int v = lane + 32 * cj;
+                    if (v < nvec) acc = dot16<WDT>(cur[u], xr + (i64)v * VEC, acc);
+                    if (++cj == J) {
+                        store(gw + ci * W, warp_sum(acc));
+                        acc = 0.0f;
+                        cj = 0;
+                        ++ci;
+                    }
+                }
+            }
+#pragma unroll
+            for (int u = 0; u < U; ++u) cur[u] = nxt[u];
+        }
+    }
+};

@@ -79,70 +79,25 @@ extern "C" __global__ void __launch_bounds__(256) k_mul_mat_vec_f32_add(TV d, TV
     mmv<DT_F32, true>(d, w, x, splits, b);
 }
 
-// Row-streaming variant for tall matrices (N >= 8192: FFN gate/up, lm_head): each warp owns rows
-// r = gw, gw + W, ... (W = warps in the grid, about one resident wave) and streams all their 16-byte vectors as
-// one pipelined sequence (item t = row t / J, vector lane + 32 * (t % J)), so loads stay in
-// flight across row boundaries instead of every row paying a block's ramp and tail.
-template <int WDT>
-__device__ __forceinline__ const char* w_row(const TV& w, int row) {
-    return w.p + (w.n[0] * w.n[1] == 1 ? (i64)row * w.s[2] : tv_row_off(w, w.n, row));
-}
-
+// Row-streaming variant for tall matrices (N >= 8192: FFN gate/up, lm_head): RowStream
+// (mat_vec.cuh), about one resident wave of warps, each streaming all its rows' vectors
+// as one pipelined sequence. grid = (ceil(ceil(N / rows_per_warp) / MMV_WARPS), M).
 template <int WDT, int U, bool ADD>
 __device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp, TV b) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int gw = blockIdx.x * MMV_WARPS + warp, W = gridDim.x * MMV_WARPS;
-    const int m = blockIdx.y, N = tv_rows(w), K = w.n[3], nvec = K / VEC, J = (nvec + 31) / 32;
-    int R = 0;  // rows of this warp
-    while (R < rows_per_warp && gw + R * W < N) ++R;
-    const int T = R * J;
-    u32x4 cur[U] = {};
-    int ii = 0, jj = 0;  // issue side: next item to load
-#pragma unroll
-    for (int u = 0; u < U; ++u) {  // weights: independent of earlier kernels
-        if (u < T) {
-            const int v = lane + 32 * jj;
-            if (v < nvec) cur[u] = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
-            if (++jj == J) { jj = 0; ++ii; }
-        }
-    }
+    const int m = blockIdx.y, N = tv_rows(w);
+    RowStream<WDT, U> rs(w, blockIdx.x * MMV_WARPS + warp, gridDim.x * MMV_WARPS, rows_per_warp, lane);
+    rs.issue_first();  // weights: independent of earlier kernels
     PDL_WAIT(first_read);
     const float* xr = (const float*)(x.p + tv_row_off(x, x.n, m));
     const float x0 = ldf_v((const char*)xr, DT_F32);
     PDL_WAIT(late);
-    float acc = 0.0f * x0;
-    int ci = 0, cj = 0;  // consume side
-    for (int t0 = 0; t0 < T; t0 += U) {
-        u32x4 nxt[U] = {};
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (t0 + U + u < T) {
-                const int v = lane + 32 * jj;
-                if (v < nvec) nxt[u] = ld_stream(w_row<WDT>(w, gw + ii * W) + (i64)v * 16);
-                if (++jj == J) { jj = 0; ++ii; }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) {
-            if (t0 + u < T) {
-                const int v = lane + 32 * cj;
-                if (v < nvec) acc = dot16<WDT>(cur[u], xr + (i64)v * VEC, acc);
-                if (++cj == J) {
-                    const float sum = warp_sum(acc);
-                    const int o = m * N + gw + ci * W;
-                    if (lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, ADD ? sum + ldf(b.p + tv_off(b, b.n, o), b.dt) : sum);
-                    acc = 0.0f;
-                    cj = 0;
-                    ++ci;
-                }
-            }
-        }
-#pragma unroll
-        for (int u = 0; u < U; ++u) cur[u] = nxt[u];
-    }
+    rs.stream(xr, 0.0f * x0, [&](int row, float sum) {
+        const int o = m * N + row;
+        if (lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, ADD ? sum + ldf(b.p + tv_off(b, b.n, o), b.dt) : sum);
+    });
     PDL_TRIGGER(after_main_loop);
     PDL_TRIGGER(end);
 }

@@ -15,12 +15,12 @@ import pytest
 
 from workbench.exec import cuda_ops
 from workbench.exec.calibration import load_calibration
-from workbench.exec.cost import FUSED_BASE, KERNEL_NAMES, kernel_cost
+from workbench.exec.cost import FUSED_BASE, KERNEL_NAMES, WORKBENCH_ONLY_KERNELS, kernel_cost
 from workbench.exec.reference import run_reference
 from workbench.graph.ops import OPS
 from workbench.models import TINY_PRESETS, build_graph, preset
 from workbench.models.weights import random_weights
-from workbench.strategy import FUSIONS, Strategy
+from workbench.strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
 from workbench.strategy.compile import compile_plan
 from workbench.strategy.fusion import PASSES, apply_fusions
 from workbench.strategy.fusion_chains import FUSED_OPS, MAX_ADD_OPERANDS
@@ -30,7 +30,7 @@ from workbench.verify.seeded_fusions import FUSION_GRAPHS, fused_plan
 from workbench.verify.sweep import fusion_sets
 
 NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe")
-OPS_OF = {f: {op for op, g in FUSED_OPS.items() if g == f} for f in NEW}
+OPS_OF = {f: {op for op, g in FUSED_OPS.items() if g == f} for f in set(FUSED_OPS.values())}
 
 #: preset -> fusion -> nodes removed. Two layers each (qwen3-next-tiny: 3 gated-delta-net layers
 #: and 1 attention layer, every FFN an MoE with a shared expert).
@@ -59,9 +59,10 @@ CASES = [(m, f) for m in TINY_PRESETS for f in NEW if EXPECTED[m][f]]
 
 def test_every_fusion_is_a_knob_with_a_pass_and_a_fused_op():
     assert set(NEW) <= set(FUSIONS) and set(FUSIONS) == set(PASSES)
-    assert set(FUSED_OPS.values()) == {*NEW, "rms-norm-mul"}
+    assert set(FUSED_OPS.values()) == {*NEW, "rms-norm-mul", *WORKBENCH_FUSIONS}  # ours: test_fusion_ours.py
     for op in FUSED_OPS:
-        assert op in OPS and op in KERNEL_NAMES and op in FUSED_BASE and op in cuda_ops.SUPPORTED_OPS
+        assert op in OPS and (op in KERNEL_NAMES or op in WORKBENCH_ONLY_KERNELS) and op in FUSED_BASE
+        assert op in cuda_ops.SUPPORTED_OPS
     assert set(EXPECTED) == set(TINY_PRESETS)
 
 

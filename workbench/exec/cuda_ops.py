@@ -529,7 +529,8 @@ def _norm_weight(node: Node, addr: Addr, K: int) -> Arg:
 
 def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     """RMS_NORM_MUL_MAT and RMS_NORM_MUL_MAT_GLU (norm-mat-vec): the block mat-vec over the
-    staged x * w_norm, scaled by the norm in the epilogue (swiglu of gate and up for _GLU)."""
+    staged x * w_norm, scaled by the norm in the epilogue (swiglu of gate and up for _GLU); a
+    tall RMS_NORM_MUL_MAT (the lm_head) streams rows as k_mul_mat_vec_rows_* does."""
     glu = node.op == "RMS_NORM_MUL_MAT_GLU"
     mats, x = node.srcs[: 2 if glu else 1], node.srcs[-2]
     d = node.dst
@@ -537,7 +538,12 @@ def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     K, N = mats[0].shape[-1], mats[0].numel // mats[0].shape[-1]
     if d.numel != N or (glu and (mats[1].shape != mats[0].shape or node.params.get("glu", "swiglu") != "swiglu")):
         raise BindError(f"{node.name}: {node.op} of {[w.shape for w in mats]} does not fill {d.shape}")
-    args = (arg(d, addr), *ws, xa, _norm_weight(node, addr, K), f32(node.params["eps"]), i32(splits))
+    args = (arg(d, addr), *ws, xa, _norm_weight(node, addr, K), f32(node.params["eps"]))
+    if not glu and N >= MMV_ROWS_MIN:  # tall (the lm_head): the row-streaming loop, as k_mul_mat_vec_rows_*
+        rpw = max(_rows_per_warp(N), ceil(N / (FMV_MAX_BLOCKS * MMV_WARPS)))  # one staging per resident block
+        return KernelCall("fused_mat_vec", f"k_mul_mat_vec_rows_{mats[0].dtype}_norm",
+                          (ceil(ceil(N / rpw) / MMV_WARPS),), (32 * MMV_WARPS,), (*args, i32(rpw)), None, node.outs)
+    args += (i32(splits),)
     return KernelCall("fused_mat_vec", f"k_mul_mat_vec_{mats[0].dtype}{'_glu' if glu else ''}_norm",
                       _fused_grid(N, splits), (32 * MMV_WARPS,), args, None, node.outs)
 

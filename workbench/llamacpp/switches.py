@@ -8,6 +8,7 @@
 | ``fusion`` any but ``copy-elim`` | llama.cpp's whole fusion set on; with none, ``GGML_CUDA_DISABLE_FUSION=1`` |
 | ``fusion`` ``copy-elim`` (GDN) | on with the fusion set; off: ``PEER_DISABLE_GDN_FUSION=1`` (peer patch) |
 | ``sync`` ``boundary`` / ``implicit`` | ``PEER_SCHED_SYNC=<mode>`` (peer patch emulating PR 17795) |
+| ``fusion`` ``norm-mat-vec`` / ``qkv-rope-store`` | none: the workbench's own fusions (a SwitchError) |
 
 A knob llama.cpp has no switch for (``allocator``, PDL wait/trigger placement, ``streams=auto``),
 a GPU knob asked of a CPU-only build, or a patched switch the build lacks is a
@@ -20,7 +21,7 @@ import mmap
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..strategy import FUSIONS, Strategy
+from ..strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
 
 #: every variable this module may set: a worker's environment starts without them
 SWITCH_VARS = ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_PDL", "GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_FUSION",
@@ -80,6 +81,10 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
     if s.streams == "qkv" and not s.graphs:
         raise SwitchError("--streams qkv maps to GGML_CUDA_GRAPH_OPT, which acts only under CUDA graphs: "
                           "add --graphs")
+    ours = sorted(s.fusion & set(WORKBENCH_FUSIONS))
+    if ours:
+        raise SwitchError(f"llama.cpp has no kernel for --fusion {','.join(ours)}: the workbench's own fusions run "
+                          "on the cuda, reference and sim backends only; drop them for llamacpp")
     fused = sorted(s.fusion - {"copy-elim"})  # llama.cpp's own set: one switch for all of it
     if "copy-elim" in s.fusion and not fused:
         raise SwitchError("llama.cpp removes the GDN state copy (--fusion copy-elim) only inside its fusion pass: "
@@ -101,7 +106,7 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
     if fused:
         notes.append("fusion: GGML_CUDA_DISABLE_FUSION unset turns on llama.cpp's whole fusion set "
                      "(rms_norm+mul, add chains, rope+set_rows, top-k MoE, GDN copy removal, ...)")
-        rest = sorted(set(FUSIONS) - s.fusion - {"copy-elim"})
+        rest = sorted(set(FUSIONS) - set(WORKBENCH_FUSIONS) - s.fusion - {"copy-elim"})
         if rest:
             notes.append(f"fusion: llama.cpp cannot turn its fusions on one by one: {', '.join(rest)} run as well")
         if has_gdn and "copy-elim" not in s.fusion:

@@ -28,6 +28,8 @@ from ..graph.ops import op_info
 #: fused in by mul-mat-add), or with quantised weights the q8_1 quantisation of their input
 #: (llama.cpp's mmvq runs it first)
 FORK_CONSUMER_OPS = ("MUL_MAT", "MUL_MAT_ADD", "QUANTIZE_Q8_1")
+#: the mat-vecs that carry a folded norm (norm-mat-vec): their activation input, not a norm, forks
+NORM_FOLDED_OPS = ("RMS_NORM_MUL_MAT",)
 #: the op where the Q, K and V branches meet
 JOIN_OP = "FLASH_ATTN_EXT"
 #: PR #16991's fan-out
@@ -85,8 +87,15 @@ def fork_points(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
             if any(src.overlaps(nodes[d].dst) for src in nodes[j].srcs):
                 readers.setdefault(d, []).append(j)
     return [i for i, r in sorted(readers.items())
-            if len(r) == QKV_FANOUT and all(nodes[j].op in FORK_CONSUMER_OPS for j in r)
-            and _is_norm_output(i, nodes, deps)]
+            if (len(r) == QKV_FANOUT and all(nodes[j].op in FORK_CONSUMER_OPS for j in r)
+                and _is_norm_output(i, nodes, deps)) or _folded_qkv(i, r, nodes)]
+
+
+def _folded_qkv(i: int, readers: list[int], nodes: Sequence[Node]) -> bool:
+    """Node ``i`` feeds exactly ``QKV_FANOUT`` mat-vecs that each normalise it with one norm
+    weight (the Q/K/V projections after norm-mat-vec): each branch recomputes the norm."""
+    folded = [j for j in readers if nodes[j].op in NORM_FOLDED_OPS]
+    return len(folded) == QKV_FANOUT and len({nodes[j].srcs[-1] for j in folded}) == 1
 
 
 def _qkv_streams(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:

@@ -17,6 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..graph import Graph, GraphBuilder, View
+from ..models.blocks import rms_norm
 from ..strategy.fusion import PASSES
 from ..strategy.plan import Plan
 from ..strategy.strategy import Strategy
@@ -79,6 +80,29 @@ def topk_moe_graph() -> Graph:
     return b.build()
 
 
+def norm_mat_vec_graph() -> Graph:
+    b, x, side = _start("norm-mat-vec-bug")
+    normed = rms_norm(b, side, b.weight("w_norm", (D,), "f32"), 1e-6, "proj_norm")
+    h = b.op("MUL_MAT", "proj", [b.weight("w", (D, D), "f16"), normed], (1, D))
+    b.output("logits", b.op("SCALE", "result_output", [h], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
+def qkv_rope_store_graph() -> Graph:
+    b, x, side = _start("qkv-rope-store-bug")
+    pos = b.input("inp_pos", (1,), "i32")
+    idx = b.input("inp_kv_idx", (1,), "i64")
+    freqs = b.const("rope_freqs", (8,), "f32")
+    b.meta["consts"] = {"rope_freqs": (1e4 ** -(np.arange(8) / 8)).astype(np.float32)}
+    proj = {r: b.op("MUL_MAT", f"{r}cur", [b.weight(f"w{r.lower()}", (D, D), "f16"), side], (1, D)) for r in "QKV"}
+    q = b.op("ROPE", "q_rope", [proj["Q"].reshape((4, 16)), pos, freqs], (4, 16), n_rot=16)
+    k = b.op("ROPE", "k_rope", [proj["K"].reshape((4, 16)), pos, freqs], (4, 16), n_rot=16)
+    b.node("SET_ROWS", "k_store", [k.reshape((1, D)), idx], [b.cache("cache_k", (4, D), "f16")])
+    b.node("SET_ROWS", "v_store", [proj["V"], idx], [b.cache("cache_v", (4, D), "f16")])
+    b.output("logits", b.op("SCALE", "result_output", [q.reshape((1, D))], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
 #: fusion -> (graph builder, name of the fused node)
 FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
     "mul-mat-add": (mul_mat_add_graph, "proj_res"),
@@ -86,6 +110,8 @@ FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
     "rope-set-rows": (rope_set_rows_graph, "k_store"),
     "add-chain": (add_chain_graph, "sum_1"),
     "topk-moe": (topk_moe_graph, "weights"),
+    "norm-mat-vec": (norm_mat_vec_graph, "proj"),
+    "qkv-rope-store": (qkv_rope_store_graph, "v_store"),
 }
 
 

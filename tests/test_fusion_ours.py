@@ -1,0 +1,173 @@
+"""The workbench's own fusions (strategy/fusion_ours.py), norm-mat-vec and qkv-rope-store, each
+alone and with the rest: the nodes each removes per tiny preset, exact reference logits against
+the plain Plan, kernels bound for every fused node, race-free Plans, a seeded broken schedule of
+each flagged (tests/test_fusion_set.py runs the seeded bugs of every fusion), and the simulator's
+cost of the fused kernels against the nodes they replace.
+
+Logit tolerance: exact equality, as for llama.cpp's set: the NumPy twins compute rms_norm then
+the weight product then the mat-vec, and the rotation then the row store, as the nodes they
+replace did (the cuda kernels' own tolerance is in tests/gpu/test_cuda_fused.py).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from workbench.exec import cuda_ops
+from workbench.exec.calibration import load_calibration
+from workbench.exec.cost import FUSED_BASE, STAGED_OPS, WORKBENCH_ONLY_KERNELS, kernel_cost, kernel_name, measured_fit
+from workbench.exec.reference import run_reference
+from workbench.models import TINY_PRESETS, build_graph, preset
+from workbench.models.weights import random_weights
+from workbench.strategy import ALL_ON, ALL_ON_OURS, FUSIONS, WORKBENCH_FUSIONS, Strategy
+from workbench.strategy.compile import compile_plan
+from workbench.strategy.fusion import apply_fusions
+from workbench.strategy.fusion_chains import FUSED_OPS
+from workbench.verify import verify
+
+OURS = ("norm-mat-vec", "qkv-rope-store")
+#: preset -> fusion -> nodes removed, alone. Two layers each (qwen3-next-tiny: 1 attention layer).
+#: norm-mat-vec: RMS_NORM + MUL of every norm whose readers are all plain mat-vecs: attn_norm (Q, K,
+#: V), ffn_norm (gate, up) of dense FFNs and result_norm (lm_head); an MoE FFN's norm also feeds
+#: MUL_MAT_IDs and qwen3-next's linear-attention norm its fused q/k/v/z tensors (still MUL_MATs);
+#: gpt-oss's biased projections read their norm through ADDs (not folded: only the lm_head's).
+#: qkv-rope-store: per attention layer Q, K, V, RoPE(Q), RoPE(K), the K store (the V store keeps
+#: the name) = 6, only where nothing sits between a projection and its RoPE/store (llama);
+#: Qwen3's q/k norm, gpt-oss's biases and qwen3-next's gated q keep it off.
+EXPECTED = {
+    "llama-tiny": {"norm-mat-vec": 10, "qkv-rope-store": 12},
+    "qwen3-tiny": {"norm-mat-vec": 10, "qkv-rope-store": 0},
+    "qwen3-moe-tiny": {"norm-mat-vec": 6, "qkv-rope-store": 0},
+    "gpt-oss-tiny": {"norm-mat-vec": 6, "qkv-rope-store": 0},
+    "qwen3-next-tiny": {"norm-mat-vec": 10, "qkv-rope-store": 0},
+}
+CASES = [(m, f) for m in TINY_PRESETS for f in OURS if EXPECTED[m][f]]
+OURS_OPS = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS")
+
+
+def test_declared_once_everywhere():
+    assert tuple(WORKBENCH_FUSIONS) == OURS and set(OURS) <= set(FUSIONS)
+    assert not set(OURS) & ALL_ON.fusion and ALL_ON_OURS.fusion == frozenset(FUSIONS)
+    assert {op for op, f in FUSED_OPS.items() if f in OURS} == set(OURS_OPS) == set(WORKBENCH_ONLY_KERNELS)
+    assert all(FUSED_BASE[op][0] == "MUL_MAT" for op in OURS_OPS) and set(STAGED_OPS) == set(OURS_OPS)
+
+
+@pytest.mark.parametrize("model", TINY_PRESETS)
+@pytest.mark.parametrize("fusion", OURS)
+def test_rewrite_count(model, fusion):
+    g = build_graph(preset(model))
+    fused, removed = apply_fusions(g, {fusion})
+    assert len(removed) == EXPECTED[model][fusion]
+    assert len(fused.nodes) == len(g.nodes) - len(removed)
+    assert {n.name for n in fused.nodes} == {n.name for n in g.nodes} - set(removed)
+    again, more = apply_fusions(fused, {fusion})
+    assert more == [] and len(again.nodes) == len(fused.nodes)
+
+
+def test_llama_layer_is_five_kernels_with_everything_on():
+    """[norm + QKV + rope + store], attention, o + add, [norm + gate/up GLU], down + add."""
+    g = build_graph(preset("llama-tiny"))
+    fused, _ = apply_fusions(g, FUSIONS)
+    layer = [n.op for n in fused.nodes if n.name.endswith("-0")]
+    assert layer == ["QKV_ROPE_SET_ROWS", "FLASH_ATTN_EXT", "MUL_MAT_ADD", "RMS_NORM_MUL_MAT_GLU", "MUL_MAT_ADD"]
+    qkv = fused.node("v_cache_store-0")
+    assert len(qkv.srcs) == 8 and "eps" in qkv.params  # the attention norm folded in too
+    assert fused.node("result_output").op == "RMS_NORM_MUL_MAT"
+
+
+def test_quantized_weights_are_left_alone():
+    g = build_graph(preset("llama-tiny", weight_dtype="q8_0"))
+    for fusion in OURS:
+        assert apply_fusions(g, {fusion})[1] == [], fusion
+
+
+@pytest.mark.parametrize("model,fusion", CASES)
+def test_fusion_alone_keeps_the_reference_logits(model, fusion):
+    cfg = preset(model, context=16)
+    weights = random_weights(build_graph(cfg), 0)
+    tokens = [3, 17, 250, 9]
+    base = run_reference(cfg, weights, tokens).logits
+    s = Strategy(fusion=frozenset({fusion}))
+    got = run_reference(cfg, weights, tokens,
+                        graph_for=lambda pos: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
+    np.testing.assert_array_equal(got, base)
+
+
+@pytest.mark.parametrize("model", TINY_PRESETS)
+def test_both_with_llamacpps_set_keep_the_reference_logits(model):
+    cfg = preset(model, context=16)
+    weights = random_weights(build_graph(cfg), 0)
+    base = run_reference(cfg, weights, [5, 8, 13]).logits
+    for fusions in (frozenset(OURS), frozenset(FUSIONS)):
+        s = Strategy(fusion=fusions)
+        got = run_reference(cfg, weights, [5, 8, 13],
+                            graph_for=lambda pos, s=s: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
+        np.testing.assert_array_equal(got, base, err_msg=f"{model} {sorted(fusions)}")
+
+
+@pytest.mark.parametrize("model", TINY_PRESETS)
+def test_fused_plans_are_race_free_and_bind(model):
+    g = build_graph(preset(model))
+    for fusions in (*(frozenset({f}) for f in OURS), frozenset(FUSIONS)):
+        for s in (Strategy(fusion=fusions),
+                  Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware", sync="implicit",
+                           fusion=fusions),
+                  Strategy(streams="auto", max_streams=4, allocator="stream-aware", pdl=True,
+                           pdl_trigger="after-main-loop", fusion=fusions)):
+            plan = compile_plan(g, s)
+            report = verify(plan)
+            assert report.race_free, f"{model} {s.label()}:\n{report.text(limit=3)}"
+            for n in plan.graph.nodes:
+                if n.op in OURS_OPS:
+                    call = cuda_ops.bind(n, lambda v: v.offset, lambda key, size: 0)
+                    assert call.source == "fused_mat_vec" and call.writes == n.outs
+                    assert call.name.removesuffix(FUSED_BASE[n.op][1]).startswith("k_mul_mat_vec_")
+
+
+def test_qkv_streams_still_fork_on_the_folded_norm():
+    """norm-mat-vec removes the norm after which --streams qkv forked: the Q, K and V mat-vecs
+    now fork off the norm's input, each recomputing the norm."""
+    g = build_graph(preset("qwen3-tiny"))
+    plan = compile_plan(g, Strategy(streams="qkv", allocator="stream-aware", fusion=frozenset({"norm-mat-vec"})))
+    streams = {la.node.name: la.stream for la in plan.launches}
+    assert plan.n_streams == 3 and len({streams[f"{r}cur-0"] for r in "QKV"}) == 3
+    assert verify(plan).race_free
+
+
+def test_full_size_llama_binds_the_fused_kernels():
+    """llama-3.2-1b (f16) at full size: every fused node binds to its vector kernel; the grid is
+    at most FMV_MAX_BLOCKS, and covers every row (pair) once per round."""
+    g = build_graph(preset("llama-3.2-1b", layers=1), 512)
+    fused, _ = apply_fusions(g, FUSIONS)
+    names = {}
+    for n in fused.nodes:
+        if n.op in OURS_OPS:
+            call = cuda_ops.bind(n, lambda v: v.offset, lambda key, size: 0)
+            names[n.name] = call.name
+            assert 1 <= call.grid[0] <= cuda_ops.FMV_MAX_BLOCKS
+    assert names == {"v_cache_store-0": "k_mul_mat_vec_f16_qkv_rope", "ffn_swiglu-0": "k_mul_mat_vec_f16_glu_norm",
+                     "result_output": "k_mul_mat_vec_rows_f16_norm"}
+
+
+def test_simulator_costs_the_fused_kernels_below_their_parts():
+    """Each fused node takes the block mat-vec's measured fit (its kernel without the fusion's
+    suffix) plus the staging prologue, and costs less than the nodes it replaced: one fixed part
+    instead of up to seven, the intermediates never written and re-read."""
+    cal = load_calibration("h200")
+    g = build_graph(preset("llama-3.2-1b", layers=1), 512)
+    by_name = {n.name: n for n in g.nodes}
+    for fusions in ({"norm-mat-vec"}, {"qkv-rope-store"}, set(OURS)):
+        fused, removed = apply_fusions(g, fusions)
+        new = [n for n in fused.nodes if n.op in OURS_OPS]
+        assert new and all(kernel_name(n) == WORKBENCH_ONLY_KERNELS[n.op] for n in new)
+        assert all(measured_fit(n, cal)[0] == "op/kernel" for n in new)  # MUL_MAT/k_mul_mat_vec_f16
+        before = sum(kernel_cost(by_name[r], cal).duration_ns for r in removed)
+        before += sum(kernel_cost(by_name[n.name], cal).duration_ns for n in new)
+        after = sum(kernel_cost(n, cal).duration_ns for n in new)
+        assert after < before, fusions
+        for n in new:
+            c = kernel_cost(n, cal)
+            plain = kernel_cost(by_name[n.name], cal) if n.op == "RMS_NORM_MUL_MAT" else None
+            if plain is not None:  # the same mat-vec, its norm folded: the prologue more, the norm less
+                assert c.fixed_ns - plain.fixed_ns == pytest.approx(2 * cal.dram_latency_ns, abs=1.0)
