@@ -1,5 +1,7 @@
 """Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
-topk-moe, rms-norm-mul's + add) node by node against its NumPy twin, in every kernel variant its
+topk-moe, rms-norm-mul's + add, and the workbench's own norm-mat-vec and qkv-rope-store: the norm
+folded into the block, row-streaming and gate/up mat-vecs, Q/K/V + RoPE (full and partial) + the
+cache stores, alone and normed) node by node against its NumPy twin, in every kernel variant its
 binding can pick: the block (two warps per row at K = 2048) and row-streaming mat-vecs and both
 fallbacks with the addend, the gate/up mat-vec per weight dtype and its fallback (dense and MoE
 experts), the rope into f16 / bf16 / f32 caches with partial rotation, 3- and 4-operand add
@@ -116,6 +118,47 @@ def _post_norm(cols: int):
     return b.build()
 
 
+def _norm_mat_vec(wdt: str, n: int, k: int, glu: bool = False):
+    """norm-mat-vec: attn_norm / ffn_norm (RMS_NORM + MUL) read by one mat-vec, or by gate and
+    up already fused by mul-mat-glu (so the case's pass folds the norm into MUL_MAT_GLU)."""
+    from workbench.models.blocks import rms_norm
+
+    b = GraphBuilder("norm-mat-vec")
+    x = rms_norm(b, b.input("x", (1, k), "f32"), b.weight("w_norm", (k,), "f32"), 1e-5, "attn_norm")
+    if glu:
+        g = b.op("MUL_MAT", "ffn_gate", [b.weight("wg", (n, k), wdt), x], (1, n))
+        u = b.op("MUL_MAT", "ffn_up", [b.weight("wu", (n, k), wdt), x], (1, n))
+        b.output("logits", b.op("GLU", "ffn_act", [g, u], (1, n), kind="output", glu="swiglu"))
+        return PASSES["mul-mat-glu"](b.build())[0]
+    b.output("logits", b.op("MUL_MAT", "proj", [b.weight("w", (n, k), wdt), x], (1, n), kind="output"))
+    return b.build()
+
+
+def _qkv(wdt: str, n_rot: int, cdt: str = "f16", norm: bool = False):
+    """qkv-rope-store: a llama attention block's Q, K, V mat-vecs (8 query heads, 2 KV heads of
+    64), RoPE of q and k, the k / v rows stored at idx; with ``norm`` the attention norm is
+    folded in too (the case's pass is norm-mat-vec over the already fused graph)."""
+    from workbench.models.blocks import rms_norm
+
+    b = GraphBuilder("qkv")
+    k_, hd, hq, hk = 2048, 64, 8, 2
+    x = b.input("x", (1, k_), "f32")
+    if norm:
+        x = rms_norm(b, x, b.weight("w_norm", (k_,), "f32"), 1e-5, "attn_norm")
+    pos = b.input("inp_pos", (1,), "i32")
+    idx = b.input("inp_kv_idx", (1,), "i64")
+    freqs = b.const("rope_freqs", (n_rot // 2,), "f32")
+    proj = {r: b.op("MUL_MAT", f"{r}cur", [b.weight(f"w{r.lower()}", (h * hd, k_), wdt), x], (1, h * hd))
+            for r, h in (("Q", hq), ("K", hk), ("V", hk))}
+    q = b.op("ROPE", "q_rope", [proj["Q"].reshape((hq, hd)), pos, freqs], (hq, hd), n_rot=n_rot, attn_factor=1.0)
+    k = b.op("ROPE", "k_rope", [proj["K"].reshape((hk, hd)), pos, freqs], (hk, hd), n_rot=n_rot, attn_factor=1.0)
+    b.node("SET_ROWS", "k_store", [k.reshape((1, hk * hd)), idx], [b.cache("cache_k", (8, hk * hd), cdt)])
+    b.node("SET_ROWS", "v_store", [proj["V"], idx], [b.cache("cache_v", (8, hk * hd), cdt)])
+    b.output("logits", b.op("SCALE", "result_output", [q], (hq, hd), kind="output", s=1.0))
+    g = b.build()
+    return PASSES["qkv-rope-store"](g)[0] if norm else g
+
+
 #: case id -> (fusion, graph, the kernel its binding must pick)
 CASES = {
     **{f"mma-block-{dt}": ("mul-mat-add", lambda dt=dt: _mul_mat_add(dt, 256, 2048), f"k_mul_mat_vec_{dt}_add")
@@ -140,6 +183,20 @@ CASES = {
     "rms-norm-mul-add-short": ("rms-norm-mul", lambda: _post_norm(96), "k_rms_norm_mul_add"),
     "add-chain-3": ("add-chain", lambda: _add_chain(3), "k_add_chain"),
     "add-chain-4": ("add-chain", lambda: _add_chain(4), "k_add_chain"),
+    # the workbench's own (kernels/fused_mat_vec.cu)
+    **{f"norm-mat-vec-{dt}": ("norm-mat-vec", lambda dt=dt: _norm_mat_vec(dt, 512, 2048), f"k_mul_mat_vec_{dt}_norm")
+       for dt in ("f16", "bf16", "f32")},
+    "norm-mat-vec-k4096": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 384, 4096), "k_mul_mat_vec_f16_norm"),
+    "norm-mat-vec-tall": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 8192, 256), "k_mul_mat_vec_rows_f16_norm"),
+    "norm-mat-vec-glu": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 384, 2048, glu=True),
+                         "k_mul_mat_vec_f16_glu_norm"),
+    "norm-mat-vec-glu-tall": ("norm-mat-vec", lambda: _norm_mat_vec("bf16", 8192, 512, glu=True),
+                              "k_mul_mat_vec_bf16_glu_norm"),
+    **{f"qkv-rope-store-{dt}": ("qkv-rope-store", lambda dt=dt: _qkv(dt, 64), f"k_mul_mat_vec_{dt}_qkv_rope")
+       for dt in ("f16", "bf16", "f32")},
+    "qkv-rope-store-partial-bf16-cache": ("qkv-rope-store", lambda: _qkv("f16", 32, "bf16"),
+                                          "k_mul_mat_vec_f16_qkv_rope"),
+    "qkv-rope-store-normed": ("norm-mat-vec", lambda: _qkv("f16", 64, norm=True), "k_mul_mat_vec_f16_qkv_rope"),
 }
 
 

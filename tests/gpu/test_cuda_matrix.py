@@ -11,13 +11,14 @@ import pytest
 from gpu_cases import MODELS, N_TOKENS, START, TOL, executor, model_case, record, rel_err
 
 import workbench
-from workbench.strategy import FUSIONS, Strategy
+from workbench.strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
 
 SYNC = ("per-copy", "boundary", "implicit")
 GRAPHS = (False, True)
 STREAMS = ("single", "qkv", "auto")
 PDL = ("off", "start", "first-read")
-FUSION = ("none", "fused")
+#: none, llama.cpp's set, every fusion (llama.cpp's set + the workbench's norm-mat-vec, qkv-rope-store)
+FUSION = ("none", "llamacpp", "fused")
 ALLOCATOR = ("stream-aware", "no-reuse")
 COMBOS = list(itertools.product(SYNC, GRAPHS, STREAMS, PDL, FUSION, ALLOCATOR))
 REPLAYS = 10
@@ -26,7 +27,8 @@ REPLAYS = 10
 def strategy_of(sync, graphs, streams, pdl, fusion, allocator) -> Strategy:
     return Strategy(sync=sync, graphs=graphs, streams=streams, pdl=pdl != "off",
                     pdl_wait=pdl if pdl != "off" else "first-read", pdl_trigger="start",
-                    fusion=frozenset(FUSIONS) if fusion == "fused" else frozenset(),
+                    fusion={"none": frozenset(), "llamacpp": frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS),
+                            "fused": frozenset(FUSIONS)}[fusion],
                     allocator=allocator)
 
 

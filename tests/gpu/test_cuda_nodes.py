@@ -14,14 +14,17 @@ from workbench.exec.reference import load_static
 from workbench.exec.reference_ops import NUMPY_OPS
 from workbench.models.blocks import step_input_values
 from workbench.strategy import FUSIONS as ALL_FUSIONS
-from workbench.strategy import Strategy
+from workbench.strategy import WORKBENCH_FUSIONS, Strategy
 
 #: per node: relative to the largest reference value of that output (fp32 compute on both sides;
 #: fp16/bf16 storage of a cache entry may round the other way: 2^-8 for bf16)
 NODE_TOL = 5e-3
-#: "fused": every Strategy fusion, so each fused kernel of llama.cpp's set is checked node by node
-#: on every model it applies to (tests/gpu/test_cuda_fused.py covers each kernel variant)
-FUSIONS = {"none": frozenset(), "fused": frozenset(ALL_FUSIONS)}
+#: "llamacpp": llama.cpp's fusion set, so each of its fused kernels is checked node by node on every
+#: model it applies to; "ours": the workbench's own (norm-mat-vec, qkv-rope-store) alone; "fused":
+#: every Strategy fusion (ours over llama.cpp's: the norm folded into MUL_MAT_GLU, the Q/K/V kernel
+#: over the K store of rope-set-rows). tests/gpu/test_cuda_fused.py covers each kernel variant.
+FUSIONS = {"none": frozenset(), "llamacpp": frozenset(ALL_FUSIONS) - frozenset(WORKBENCH_FUSIONS),
+           "ours": frozenset(WORKBENCH_FUSIONS), "fused": frozenset(ALL_FUSIONS)}
 
 
 def _gpu_memory(ex, plan) -> Memory:

@@ -11,14 +11,15 @@ from .strategy import (
     PDL_WAITS,
     STREAM_MODES,
     SYNC_MODES,
+    WORKBENCH_FUSIONS,
     Strategy,
     StrategyError,
     UnsafeStrategyWarning,
-    WORKBENCH_FUSIONS,
 )
 
 __all__ = [
-    "ALLOCATORS", "ALL_ON", "ALL_ON_OURS", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES", "SYNC_MODES",
+    "ALLOCATORS", "ALL_ON", "ALL_ON_OURS", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES",
+    "SYNC_MODES",
     "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning", "WORKBENCH_FUSIONS",
     "compile_plan",
 ]
