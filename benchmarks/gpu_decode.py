@@ -5,7 +5,8 @@
    and KV, from the ops' cost model) / device-to-device copy bandwidth measured in this run
    (bytes read + written, as the MEMCPY rate is usually quoted), and the lm_head mat-vec alone.
 2. Each knob's speedup alone (on llama.cpp's defaults) and stacked (graphs, + PDL, + qkv
-   streams, + implicit sync, + fusions with copy-elim) on llama-3.2-1b and on
+   streams, + implicit sync, + fusions with copy-elim, + llama.cpp's whole fusion set, + the
+   workbench's own norm-mat-vec and qkv-rope-store over it) on llama-3.2-1b and on
    ``qwen3-next-80b-a3b --layers 8`` (where copy-elim has copies to remove), each the median of
    ``--runs`` runs of ``--tokens`` tokens with its spread, beside the seeds' reported ranges.
 3. The peer ``torch``: the same decode step with the same weights in PyTorch (fp16, static KV
@@ -16,7 +17,8 @@
 
 Usage: ``python benchmarks/gpu_decode.py [--models llama-3.2-1b,llama-3.1-8b] [--peers torch]
 [--ours stack|best] [--runs 10] [--tokens 64] [--out data/bench/gpu_decode.json]``.
-``--ours best --skip next,alone,kernels`` times only our two best stacked strategies beside the
+``--ours best --skip next,alone,kernels`` times only our two best stacked strategies (llama.cpp's
+fusion set, and with the workbench's own fusions on top) beside the
 peers (the quick comparison). Weights are drawn on the GPU (``CudaExecutor(weights="device")``),
 PyTorch reads the very same device buffers.
 """
@@ -42,7 +44,7 @@ from workbench.exec.device import device_info as gpu_info  # noqa: E402
 from workbench.exec.kernels import graph_replay_seconds  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
 from workbench.models.tokens import token_ids  # noqa: E402
-from workbench.strategy import Strategy  # noqa: E402
+from workbench.strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy  # noqa: E402
 
 #: seeds' reported token-generation gains (DESIGN.md)
 SEED_RANGES = {
@@ -64,7 +66,10 @@ def stack() -> list[tuple[str, Strategy]]:
     s3 = s2.with_(streams="qkv", allocator="stream-aware")
     s4 = s3.with_(sync="implicit")
     s5 = s4.with_(fusion=FUSED)
-    return [("default", s0), ("graphs", s1), ("+pdl", s2), ("+qkv", s3), ("+implicit", s4), ("+fusions", s5)]
+    s6 = s4.with_(fusion=frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS))
+    s7 = s4.with_(fusion=frozenset(FUSIONS))
+    return [("default", s0), ("graphs", s1), ("+pdl", s2), ("+qkv", s3), ("+implicit", s4), ("+fusions", s5),
+            ("+llama.cpp fusions", s6), ("+ours", s7)]
 
 
 def alone() -> list[tuple[str, Strategy]]:
@@ -72,7 +77,8 @@ def alone() -> list[tuple[str, Strategy]]:
     return [("pdl", s0.with_(pdl=True)), ("qkv", s0.with_(streams="qkv", allocator="stream-aware")),
             ("boundary", s0.with_(sync="boundary")), ("implicit", s0.with_(sync="implicit")),
             ("rms-norm-mul", s0.with_(fusion=frozenset({"rms-norm-mul"}))),
-            ("copy-elim", s0.with_(fusion=frozenset({"copy-elim"})))]
+            ("copy-elim", s0.with_(fusion=frozenset({"copy-elim"}))),
+            *((f, s0.with_(fusion=frozenset({f}))) for f in WORKBENCH_FUSIONS)]
 
 
 def device_info(cp) -> dict:

@@ -15,7 +15,9 @@ rather than from L2. Bandwidth = the node's bytes (cost model) / time, and its f
 device-to-device copy rate measured in the same run (read + write). A variant that binds the same
 kernel and grid as an earlier one is not repeated.
 
-Usage (GPU): ``python3 benchmarks/kernel_bench.py [--models ...] [--md OUT.md] [--json OUT.json]``.
+Usage (GPU): ``python3 benchmarks/kernel_bench.py [--models ...] [--fusions ...] [--md OUT.md] [--json OUT.json]``;
+``--fusions norm-mat-vec,qkv-rope-store,mul-mat-glu`` times the fused mat-vecs of those rewrites
+(their default binding) instead of the nodes they absorbed.
 The lead switches a default in cuda_ops (FA_VARIANT, MMV_SEG_K_MAX / MMV_SEG_LANES,
 MMV_ROWS_MIN) where a variant is faster and correct on every shape it binds.
 """
@@ -44,7 +46,12 @@ from workbench.exec import cuda_ops  # noqa: E402
 from workbench.exec.memory import Memory  # noqa: E402
 from workbench.exec.reference_ops import NUMPY_OPS  # noqa: E402
 from workbench.graph import Node, View  # noqa: E402
+from workbench.graph.ops import op_info  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
+from workbench.strategy import Strategy  # noqa: E402
+from workbench.strategy.fusion import apply_fusions  # noqa: E402
+from workbench.strategy.fusion_chains import FUSED_OPS  # noqa: E402
+from workbench.strategy.knobs import parse_fusions  # noqa: E402
 
 MODELS = ("llama-3.2-1b", "llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-20b")
 OPS = ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT")
@@ -73,13 +80,22 @@ def variant(knobs: dict[str, object]) -> Iterator[None]:
             setattr(cuda_ops, k, v)
 
 
-def bench_nodes(name: str) -> list[Node]:
+#: with ``--fusions``: the fused mat-vec ops timed too (their binding's default variant), so a
+#: fused kernel's time stands beside the kernels it replaces (e.g. QKV_ROPE_SET_ROWS beside the
+#: Q, K, V mat-vecs of the unfused run)
+FUSED_MAT_VECS = tuple(op for op in FUSED_OPS if op_info(op).family == "mul_mat")
+for _op in FUSED_MAT_VECS:
+    VARIANTS.setdefault(_op, {"default": {}})
+
+
+def bench_nodes(name: str, fusions: frozenset[str] = frozenset()) -> list[Node]:
     """The distinct mat-vec and attention nodes of layer 0 and the head of ``name`` at full size
-    (one per op and operand shapes: llama's gate and up are one)."""
-    graph = build_graph(preset(name, layers=1, context=N_KV), N_KV)
+    (one per op and operand shapes: llama's gate and up are one), after the Strategy fusions
+    ``fusions`` (their fused mat-vecs included)."""
+    graph, _ = apply_fusions(build_graph(preset(name, layers=1, context=N_KV), N_KV), fusions)
     seen, out = set(), []
     for n in graph.nodes:
-        if n.op not in OPS:
+        if n.op not in OPS and n.op not in FUSED_MAT_VECS:
             continue
         key = (n.op, tuple((v.shape, v.strides, v.dtype) for v in n.srcs))
         if key not in seen:
@@ -230,9 +246,12 @@ def main(argv=None) -> int:
     ap.add_argument("--reps", type=int, default=64, help="launches per captured graph")
     ap.add_argument("--samples", type=int, default=7, help="captures timed per variant")
     ap.add_argument("--cold-mb", type=int, default=256, help="MB of operands read per replay (defeats L2)")
+    ap.add_argument("--fusions", default="", help="comma list of Strategy fusions applied first (e.g. "
+                    "norm-mat-vec,qkv-rope-store,mul-mat-glu): their fused mat-vecs are timed too")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
+    Strategy(fusion=parse_fusions(args.fusions))  # names checked before the GPU is touched
 
     import cupy as cp
 
@@ -243,7 +262,7 @@ def main(argv=None) -> int:
                     "copy_bandwidth_GBps": copy_bandwidth(cp) / 1e9, "rows": []}
     failed = 0
     for model in filter(None, args.models.split(",")):
-        for node in bench_nodes(model):
+        for node in bench_nodes(model, parse_fusions(args.fusions)):
             space = NodeSpace(cp, node, args.cold_mb << 20)
             ref = space.host_memory()
             NUMPY_OPS[node.op](node, ref)
