@@ -494,10 +494,11 @@ def _mul_mat_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 FMV_MAX_BLOCKS = 4 * 132
 
 
-def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View) -> tuple[tuple[Arg, ...], Arg, int]:
-    """Weight args, the activation arg and splits of a fused mat-vec (kernels/fused_mat_vec.cu),
-    whose layout the rewrite (strategy/fusion_ours.py) promised: rows of 16-byte vectors of one
-    dtype and K, one contiguous f32 row x of K <= FUSED_MAX_K."""
+def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, rows: int
+                    ) -> tuple[tuple[Arg, ...], Arg, int]:
+    """Weight args, the activation arg and splits of a fused mat-vec (kernels/fused_mat_vec.cu)
+    of ``rows`` output rows, whose layout the rewrite (strategy/fusion_ours.py) promised: rows of
+    16-byte vectors of one dtype and K, one contiguous f32 row x of K <= FUSED_MAX_K."""
     from ..strategy.fusion_ours import FUSED_MAX_K
 
     K = mats[0].shape[-1]
@@ -510,7 +511,6 @@ def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View) -> 
         raise BindError(f"{node.name}: {node.op} takes 16-byte-aligned f16/bf16/f32 weight rows of one K "
                         f"(<= {FUSED_MAX_K}) and one contiguous f32 row x; got "
                         f"{', '.join(w.describe() for w in mats)} and {x.describe()}")
-    rows = sum(w.numel // K for w in mats)
     return ws, xa, _mmv_splits(rows, 1, K // vec)
 
 
@@ -534,8 +534,8 @@ def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     glu = node.op == "RMS_NORM_MUL_MAT_GLU"
     mats, x = node.srcs[: 2 if glu else 1], node.srcs[-2]
     d = node.dst
-    ws, xa, splits = _fused_operands(node, addr, mats, x)
     K, N = mats[0].shape[-1], mats[0].numel // mats[0].shape[-1]
+    ws, xa, splits = _fused_operands(node, addr, mats, x, N)
     if d.numel != N or (glu and (mats[1].shape != mats[0].shape or node.params.get("glu", "swiglu") != "swiglu")):
         raise BindError(f"{node.name}: {node.op} of {[w.shape for w in mats]} does not fill {d.shape}")
     args = (arg(d, addr), *ws, xa, _norm_weight(node, addr, K), f32(node.params["eps"]))
@@ -554,9 +554,9 @@ def _qkv_rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     wq, wk, wv, x, pos, freqs, idx = node.srcs[:7]
     q, kc, vc = node.outs
     hd, n_rot = int(node.params["head_dim"]), int(node.params["n_rot"])
-    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x)
     K = wq.shape[-1]
     nq, nk, nv = (w.numel // K for w in (wq, wk, wv))
+    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x, nq + nk + nv)
     if (hd % 2 or n_rot % 2 or not 0 < n_rot <= hd or nq % hd or nk % hd or nv % hd or q.numel != nq
             or idx.numel != 1 or any(c.numel // c.shape[0] != n for c, n in ((kc, nk), (vc, nv)))):
         raise BindError(f"{node.name}: heads of {hd} (n_rot {n_rot}) over q {nq}, k {nk}, v {nv} rows into "
