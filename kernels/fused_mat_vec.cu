@@ -10,7 +10,8 @@
 //   mat-vecs as one grid over the rows of the three weights, in rotation pairs: a warp group
 //   computes rows j and j + n_rot/2 of a head (NeoX halves, as kernels/rope.cu), or two
 //   consecutive unrotated rows (the head's dims past n_rot, and V), rotates q and k in its
-//   epilogue and stores q to its output and k / v straight into their cache rows idx[0].
+//   epilogue (after adding each row's bias, gpt-oss's biased projections) and stores q to its
+//   output and k / v straight into their cache rows idx[0].
 //
 // Work split as the block mat-vec (mul_mat.cu): MMV_WARPS warps, `splits` warps per row (pair)
 // interleaving over K, reduced through shared memory in a fixed order. The grid is at most about
@@ -200,11 +201,13 @@ __device__ __forceinline__ char* cache_elem(const TV& c, i64 row, int e) {
 }
 
 // QKV_ROPE_SET_ROWS: q [Hq, hd] (rotated), kc / vc caches (rows_first) at row idx[0]; wq, wk, wv
-// rows on TV axes 0..2 (Nq, Nk = Nv rows of K); freqs [n_rot / 2]; has_norm: x normed with w_norm.
+// rows on TV axes 0..2 (Nq, Nk = Nv rows of K); freqs [n_rot / 2]; has_norm: x normed with w_norm;
+// has_bias: bq, bk, bv (one f32 per row, flat) added before the rotation.
 // grid = (blocks,), pairs blockIdx.x * R + r * gridDim.x * R, R = MMV_WARPS / splits.
 template <int WDT>
 __device__ __forceinline__ void fmv_qkv(TV q, TV kc, TV vc, TV wq, TV wk, TV wv, TV x, TV pos, TV freqs, TV idx,
-                                        TV nw, int n_rot, float attn_factor, float eps, int has_norm, int splits) {
+                                        TV nw, TV bq, TV bk, TV bv, int n_rot, float attn_factor, float eps,
+                                        int has_norm, int has_bias, int splits) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int VEC = WDT == DT_F32 ? 4 : 8;
@@ -241,6 +244,12 @@ __device__ __forceinline__ void fmv_qkv(TV q, TV kc, TV vc, TV wq, TV wk, TV wv,
         if (valid && lane == 0 && part == 0) {
             a *= scale;
             b *= scale;
+            if (has_bias) {
+                const int ra = p.head * hd + p.ra, rb = p.head * hd + p.rb;
+                if (p.which == 0) { a += ldf(bq.p + (i64)ra * bq.s[3], bq.dt); b += ldf(bq.p + (i64)rb * bq.s[3], bq.dt); }
+                else if (p.which == 1) { a += ldf(bk.p + (i64)ra * bk.s[3], bk.dt); b += ldf(bk.p + (i64)rb * bk.s[3], bk.dt); }
+                else { a += ldf(bv.p + (i64)ra * bv.s[3], bv.dt); b += ldf(bv.p + (i64)rb * bv.s[3], bv.dt); }
+            }
             if (p.rot) {
                 const float ang = pf * ldf(freqs.p + (i64)p.fi * freqs.s[3], freqs.dt);
                 const float c = cosf(ang) * attn_factor, s = sinf(ang) * attn_factor;
@@ -265,9 +274,10 @@ __device__ __forceinline__ void fmv_qkv(TV q, TV kc, TV vc, TV wq, TV wk, TV wv,
     PDL_TRIGGER(end);
 }
 
-#define QKV_ARGS TV q, TV kc, TV vc, TV wq, TV wk, TV wv, TV x, TV pos, TV freqs, TV idx, TV nw, int n_rot, \
-    float attn_factor, float eps, int has_norm, int splits
-#define QKV_CALL(WDT) fmv_qkv<WDT>(q, kc, vc, wq, wk, wv, x, pos, freqs, idx, nw, n_rot, attn_factor, eps, has_norm, splits)
+#define QKV_ARGS TV q, TV kc, TV vc, TV wq, TV wk, TV wv, TV x, TV pos, TV freqs, TV idx, TV nw, TV bq, TV bk, \
+    TV bv, int n_rot, float attn_factor, float eps, int has_norm, int has_bias, int splits
+#define QKV_CALL(WDT) fmv_qkv<WDT>(q, kc, vc, wq, wk, wv, x, pos, freqs, idx, nw, bq, bk, bv, n_rot, attn_factor, \
+                                   eps, has_norm, has_bias, splits)
 
 extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_f16_qkv_rope(QKV_ARGS) { QKV_CALL(DT_F16); }
 extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_bf16_qkv_rope(QKV_ARGS) { QKV_CALL(DT_BF16); }

@@ -34,7 +34,8 @@ OURS = ("norm-mat-vec", "qkv-rope-store")
 #: gpt-oss's biased projections read their norm through ADDs (not folded: only the lm_head's).
 #: qkv-rope-store: per attention layer Q, K, V, RoPE(Q), RoPE(K), the K store (the V store keeps
 #: the name) = 6, only where nothing sits between a projection and its RoPE/store (llama);
-#: Qwen3's q/k norm, gpt-oss's biases and qwen3-next's gated q keep it off.
+#: Qwen3's q/k norm (qwen3-next's gated q with it) keeps it off; gpt-oss's biased projections fuse
+#: once mul-mat-add has made them MUL_MAT_ADD (test_gpt_oss_biased_projections_fuse_with_mul_mat_add).
 EXPECTED = {
     "llama-tiny": {"norm-mat-vec": 10, "qkv-rope-store": 12},
     "qwen3-tiny": {"norm-mat-vec": 10, "qkv-rope-store": 0},
@@ -74,6 +75,28 @@ def test_llama_layer_is_five_kernels_with_everything_on():
     qkv = fused.node("v_cache_store-0")
     assert len(qkv.srcs) == 8 and "eps" in qkv.params  # the attention norm folded in too
     assert fused.node("result_output").op == "RMS_NORM_MUL_MAT"
+
+
+def test_gpt_oss_biased_projections_fuse_with_mul_mat_add():
+    """gpt-oss's q/k/v carry biases: after mul-mat-add (MUL_MAT_ADD of the bias) the Q/K/V kernel
+    takes them as sources 7..9 and adds them before the rotation; logits stay exact."""
+    cfg = preset("gpt-oss-tiny", context=16)
+    g = build_graph(cfg)
+    base_fused, base_removed = apply_fusions(g, {"mul-mat-add"})
+    fused, removed = apply_fusions(g, {"mul-mat-add", "qkv-rope-store"})
+    assert len(removed) - len(base_removed) == 12  # per layer Q, K, V, RoPE(Q), RoPE(K), the K store
+    qkv = [n for n in fused.nodes if n.op == "QKV_ROPE_SET_ROWS"]
+    assert len(qkv) == 2 and all(n.params["bias"] and len(n.srcs) == 10 for n in qkv)
+    assert all(s.buffer.kind == "weight" and s.buffer.name.endswith("_proj.bias") for s in qkv[0].srcs[7:10])
+    weights = random_weights(g, 0)
+    base = run_reference(cfg, weights, [5, 8, 13]).logits
+    for fusions in ({"mul-mat-add", "qkv-rope-store"}, set(FUSIONS)):
+        s = Strategy(fusion=frozenset(fusions))
+        got = run_reference(cfg, weights, [5, 8, 13],
+                            graph_for=lambda pos, s=s: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
+        np.testing.assert_array_equal(got, base, err_msg=str(sorted(fusions)))
+    normed = next(n for n in apply_fusions(g, FUSIONS)[0].nodes if n.op == "QKV_ROPE_SET_ROWS")
+    assert len(normed.srcs) == 11 and "eps" in normed.params  # + the attention norm, last
 
 
 def test_quantized_weights_are_left_alone():

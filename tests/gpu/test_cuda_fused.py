@@ -1,7 +1,7 @@
 """Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
 topk-moe, rms-norm-mul's + add, and the workbench's own norm-mat-vec and qkv-rope-store: the norm
 folded into the block, row-streaming and gate/up mat-vecs, Q/K/V + RoPE (full and partial) + the
-cache stores, alone and normed) node by node against its NumPy twin, in every kernel variant its
+cache stores, alone, normed and with gpt-oss's biases) node by node against its NumPy twin, in every kernel variant its
 binding can pick: the block (two warps per row at K = 2048) and row-streaming mat-vecs and both
 fallbacks with the addend, the gate/up mat-vec per weight dtype and its fallback (dense and MoE
 experts), the rope into f16 / bf16 / f32 caches with partial rotation, 3- and 4-operand add
@@ -134,7 +134,7 @@ def _norm_mat_vec(wdt: str, n: int, k: int, glu: bool = False):
     return b.build()
 
 
-def _qkv(wdt: str, n_rot: int, cdt: str = "f16", norm: bool = False):
+def _qkv(wdt: str, n_rot: int, cdt: str = "f16", norm: bool = False, bias: bool = False):
     """qkv-rope-store: a llama attention block's Q, K, V mat-vecs (8 query heads, 2 KV heads of
     64), RoPE of q and k, the k / v rows stored at idx; with ``norm`` the attention norm is
     folded in too (the case's pass is norm-mat-vec over the already fused graph)."""
@@ -150,12 +150,17 @@ def _qkv(wdt: str, n_rot: int, cdt: str = "f16", norm: bool = False):
     freqs = b.const("rope_freqs", (n_rot // 2,), "f32")
     proj = {r: b.op("MUL_MAT", f"{r}cur", [b.weight(f"w{r.lower()}", (h * hd, k_), wdt), x], (1, h * hd))
             for r, h in (("Q", hq), ("K", hk), ("V", hk))}
+    if bias:  # gpt-oss: each projection's bias added (then mul-mat-add makes them MUL_MAT_ADD)
+        proj = {r: b.op("ADD", f"{r}cur_b", [p, b.weight(f"b{r.lower()}", (1, p.numel), "f32")], p.shape)
+                for r, p in proj.items()}
     q = b.op("ROPE", "q_rope", [proj["Q"].reshape((hq, hd)), pos, freqs], (hq, hd), n_rot=n_rot, attn_factor=1.0)
     k = b.op("ROPE", "k_rope", [proj["K"].reshape((hk, hd)), pos, freqs], (hk, hd), n_rot=n_rot, attn_factor=1.0)
     b.node("SET_ROWS", "k_store", [k.reshape((1, hk * hd)), idx], [b.cache("cache_k", (8, hk * hd), cdt)])
     b.node("SET_ROWS", "v_store", [proj["V"], idx], [b.cache("cache_v", (8, hk * hd), cdt)])
     b.output("logits", b.op("SCALE", "result_output", [q], (hq, hd), kind="output", s=1.0))
     g = b.build()
+    if bias:
+        g = PASSES["mul-mat-add"](g)[0]
     return PASSES["qkv-rope-store"](g)[0] if norm else g
 
 
@@ -197,6 +202,9 @@ CASES = {
     "qkv-rope-store-partial-bf16-cache": ("qkv-rope-store", lambda: _qkv("f16", 32, "bf16"),
                                           "k_mul_mat_vec_f16_qkv_rope"),
     "qkv-rope-store-normed": ("norm-mat-vec", lambda: _qkv("f16", 64, norm=True), "k_mul_mat_vec_f16_qkv_rope"),
+    "qkv-rope-store-bias": ("qkv-rope-store", lambda: _qkv("f16", 64, bias=True), "k_mul_mat_vec_f16_qkv_rope"),
+    "qkv-rope-store-bias-normed": ("norm-mat-vec", lambda: _qkv("bf16", 32, norm=True, bias=True),
+                                   "k_mul_mat_vec_bf16_qkv_rope"),
 }
 
 

@@ -550,7 +550,7 @@ def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 
 def _qkv_rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     """QKV_ROPE_SET_ROWS (qkv-rope-store, normed with norm-mat-vec): one grid over the rotation
-    pairs of the Q, K and V rows; q to its output, k and v into their cache rows."""
+    pairs of the Q, K and V rows (+ their biases); q to its output, k and v into their cache rows."""
     wq, wk, wv, x, pos, freqs, idx = node.srcs[:7]
     q, kc, vc = node.outs
     hd, n_rot = int(node.params["head_dim"]), int(node.params["n_rot"])
@@ -561,12 +561,17 @@ def _qkv_rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
             or idx.numel != 1 or any(c.numel // c.shape[0] != n for c, n in ((kc, nk), (vc, nv)))):
         raise BindError(f"{node.name}: heads of {hd} (n_rot {n_rot}) over q {nq}, k {nk}, v {nv} rows into "
                         f"{q.describe()} and one row of {kc.describe()}, {vc.describe()}")
-    has_norm = len(node.srcs) > 7
+    has_norm, has_bias = "eps" in node.params, bool(node.params.get("bias"))
     nw = _norm_weight(node, addr, K) if has_norm else xa
+    biases = [xa] * 3
+    if has_bias:
+        biases = [arg(b, addr, (n,), (4,)) for b, n in zip(node.srcs[7:10], (nq, nk, nv))]
+        if any(b.numel != n or b.dtype != "f32" or not b.is_contiguous for b, n in zip(node.srcs[7:10], (nq, nk, nv))):
+            raise BindError(f"{node.name}: q/k/v biases must be {nq}, {nk}, {nv} contiguous f32 values")
     args = (arg(q, addr, (nq // hd, hd), (q.strides[-2] if len(q.shape) > 1 else hd * q.itemsize, q.strides[-1])),
             rows_first(kc, addr), rows_first(vc, addr), *ws, xa, arg(pos, addr), arg(freqs, addr), arg(idx, addr),
-            nw, i32(n_rot), f32(node.params.get("attn_factor", 1.0)), f32(node.params.get("eps", 0.0)),
-            i32(has_norm), i32(splits))
+            nw, *biases, i32(n_rot), f32(node.params.get("attn_factor", 1.0)), f32(node.params.get("eps", 0.0)),
+            i32(has_norm), i32(has_bias), i32(splits))
     return KernelCall("fused_mat_vec", f"k_mul_mat_vec_{wq.dtype}_qkv_rope", _fused_grid((nq + nk + nv) // 2, splits),
                       (32 * MMV_WARPS,), args, None, node.outs)
 

@@ -89,8 +89,9 @@ def op_rms_norm_mul_mat_glu(node: Node, mem: Memory) -> None:
 
 @numpy_op("QKV_ROPE_SET_ROWS")
 def op_qkv_rope_set_rows(node: Node, mem: Memory) -> None:
-    """outs = (q rotated, k cache, v cache): the three mat-vecs of one (normed) x, q and k rotated
-    per head of ``head_dim`` as ROPE does, k and v stored as SET_ROWS does."""
+    """outs = (q rotated, k cache, v cache): the three mat-vecs of one (normed) x (+ their biases,
+    sources 7..9, as MUL_MAT_ADD adds them), q and k rotated per head of ``head_dim`` as ROPE does,
+    k and v stored as SET_ROWS does."""
     from .reference_ops import rope, store_rows
 
     x = _normed(node, mem, 3)
@@ -98,6 +99,8 @@ def op_qkv_rope_set_rows(node: Node, mem: Memory) -> None:
     freqs, hd = _src(node, mem, 5), node.params["head_dim"]
     n_rot, factor = node.params["n_rot"], node.params.get("attn_factor", 1.0)
     q, k, v = (_mat_vec(_src(node, mem, i), x) for i in range(3))
+    if node.params.get("bias"):
+        q, k, v = (p.reshape(b.shape) + b for p, b in zip((q, k, v), (_src(node, mem, 7 + i) for i in range(3))))
     _out(node, mem, rope(q.reshape(-1, hd), pos, freqs, n_rot, factor), 0)
     store_rows(mem, node.outs[1], node.srcs[6], rope(k.reshape(-1, hd), pos, freqs, n_rot, factor))
     store_rows(mem, node.outs[2], node.srcs[6], v)

@@ -1,12 +1,16 @@
 """The workbench's own fusions (llama.cpp has no kernel for them), each a pure rewrite like the
 passes of ``fusion_chains``:
 
-* ``qkv-rope-store``: one layer's Q, K and V mat-vecs of one activation, RoPE of Q and K and the
-  K/V stores into the KV cache (``SET_ROWS``, or ``ROPE_SET_ROWS`` after rope-set-rows) ->
-  ``QKV_ROPE_SET_ROWS`` (wq, wk, wv, x, pos, freqs, idx) -> (q rotated, k cache, v cache): one
-  grid over the three weights' rows, each warp group computing a rotation pair of rows and
-  storing K/V straight into their cache rows. Skipped where anything sits between a projection
-  and its RoPE or store (Qwen3's per-head q/k norm, gpt-oss's biases, qwen3-next's gated q).
+* ``qkv-rope-store``: one layer's Q, K and V mat-vecs of one activation (``MUL_MAT``, or with
+  mul-mat-add the biased ``MUL_MAT_ADD`` of gpt-oss), RoPE of Q and K and the K/V stores into the
+  KV cache (``SET_ROWS``, or ``ROPE_SET_ROWS`` after rope-set-rows) -> ``QKV_ROPE_SET_ROWS``
+  (wq, wk, wv, x, pos, freqs, idx[, bq, bk, bv]) -> (q rotated, k cache, v cache): one grid over
+  the three weights' rows, each warp group computing a rotation pair of rows (+ their biases) and
+  storing K/V straight into their cache rows. Skipped where anything else sits between a
+  projection and its RoPE or store: Qwen3's per-head q/k norm (and qwen3-next's gated q with it).
+  Folding that norm in needs a head's whole output before its rotation: a block per head gives
+  only Hq + 2 Hk blocks (40 on qwen3-30b-a3b, a third of an H200's 132 SMs), too few to stream
+  the weights at full bandwidth, and a split-K version needs a cross-block reduction per head.
 * ``norm-mat-vec``: an ``RMS_NORM`` times its weight (``RMS_NORM_MUL`` after rms-norm-mul, or the
   ``RMS_NORM`` + ``MUL`` pair) whose every reader is a mat-vec (``MUL_MAT``, ``MUL_MAT_GLU``,
   ``QKV_ROPE_SET_ROWS``) is folded into those readers: each recomputes sum(x^2) over the K
@@ -37,8 +41,11 @@ VECTOR_DTYPES = {"f16": 8, "bf16": 8, "f32": 4}
 #: mat-vec op -> (its norm-folded op, the source slot of the activation)
 NORM_FOLDED = {"MUL_MAT": ("RMS_NORM_MUL_MAT", 1), "MUL_MAT_GLU": ("RMS_NORM_MUL_MAT_GLU", 2),
                "QKV_ROPE_SET_ROWS": ("QKV_ROPE_SET_ROWS", 3)}
-#: sources of an unnormed QKV_ROPE_SET_ROWS (wq, wk, wv, x, pos, freqs, idx); the norm weight is the eighth
+#: sources of QKV_ROPE_SET_ROWS before the optional ones: (wq, wk, wv, x, pos, freqs, idx), then
+#: (bq, bk, bv) with params ``bias``, then the norm weight with params ``eps`` (always last)
 QKV_SRCS = 7
+#: the projections qkv-rope-store takes: a plain mat-vec, or one with its bias added (mul-mat-add)
+QKV_MAT_VECS = ("MUL_MAT", "MUL_MAT_ADD")
 
 
 def vector_rows(w: View) -> bool:
@@ -68,27 +75,40 @@ class _Branch:
     out: View                 # what the fused kernel writes for it (rotated q, or the cache)
     rope: Node | None         # the ROPE (or ROPE_SET_ROWS) of q / k
     idx: View | None          # the row index of the store of k / v
+    bias: View | None         # the bias a MUL_MAT_ADD projection adds
+
+
+def _bias(m: Node) -> View | None:
+    """The addend of a MUL_MAT_ADD projection when it is a bias: one f32 weight per output row."""
+    if m.op != "MUL_MAT_ADD":
+        return None
+    b = m.srcs[2]
+    ok = b.buffer.kind == "weight" and b.dtype == "f32" and b.numel == m.dst.numel and b.is_contiguous
+    return b if ok else None
 
 
 def _branch(nodes: list[Node], index: dict, outputs: set[str], i: int) -> _Branch | None:
     """What follows the mat-vec ``i``: ROPE read by something else (q), ROPE -> SET_ROWS or
-    ROPE_SET_ROWS (k), SET_ROWS (v); None for anything else."""
+    ROPE_SET_ROWS (k), SET_ROWS (v); None for anything else (or an addend that is no bias)."""
+    bias = _bias(nodes[i])
+    if nodes[i].op == "MUL_MAT_ADD" and bias is None:
+        return None
     j = sole_reader(nodes, index, outputs, i)
     if j is None or operand_slot(nodes[j], nodes[i].dst) != 0:
         return None
     r = nodes[j]
     if r.op == "SET_ROWS":
-        return _Branch("v", (i, j), r.dst, None, r.srcs[1])
+        return _Branch("v", (i, j), r.dst, None, r.srcs[1], bias)
     if r.op == "ROPE_SET_ROWS":
-        return _Branch("k", (i, j), r.dst, r, r.srcs[3])
+        return _Branch("k", (i, j), r.dst, r, r.srcs[3], bias)
     if r.op != "ROPE" or r.params.get("mode", "neox") != "neox" or len(r.outs) != 1:
         return None
     s = sole_reader(nodes, index, outputs, j)
     if s is not None and nodes[s].op == "SET_ROWS" and operand_slot(nodes[s], r.dst) == 0:
-        return _Branch("k", (i, j, s), nodes[s].dst, r, nodes[s].srcs[1])
+        return _Branch("k", (i, j, s), nodes[s].dst, r, nodes[s].srcs[1], bias)
     if r.dst.buffer.kind != "act" or r.dst.buffer.name in outputs or not readers_of(nodes, index, r.dst, j):
         return None
-    return _Branch("q", (i, j), r.dst, r, None)
+    return _Branch("q", (i, j), r.dst, r, None, bias)
 
 
 #: the ROPE params that define the rotation (a ROPE_SET_ROWS also carries its fusion bookkeeping)
@@ -110,6 +130,8 @@ def _qkv_triple(nodes: list[Node], branches: list[_Branch]) -> dict[str, _Branch
     q, k, v = (by_role[r][0] for r in "qkv")
     ws = [nodes[b.nodes[0]].srcs[0] for b in (q, k, v)]
     if len({(w.dtype, w.shape[-1]) for w in ws}) != 1 or not all(vector_rows(w) for w in ws):
+        return None
+    if len({b.bias is None for b in (q, k, v)}) != 1:  # all three biased, or none
         return None
     assert q.rope is not None and k.rope is not None and k.idx is not None and v.idx is not None
     if q.rope.srcs[1:3] != k.rope.srcs[1:3] or _rotation(q.rope) != _rotation(k.rope) or k.idx != v.idx:
@@ -133,7 +155,7 @@ def fuse_qkv_rope_store(graph: Graph) -> tuple[Graph, list[str]]:
     outputs = output_buffers(graph)
     groups: dict[View, list[int]] = {}
     for i, n in enumerate(nodes):
-        if n.op == "MUL_MAT" and len(n.outs) == 1 and one_row(n.srcs[1], n.srcs[0].shape[-1]):
+        if n.op in QKV_MAT_VECS and len(n.outs) == 1 and one_row(n.srcs[1], n.srcs[0].shape[-1]):
             groups.setdefault(n.srcs[1], []).append(i)
     replace: dict[int, Node] = {}
     drop: set[int] = set()
@@ -147,7 +169,8 @@ def fuse_qkv_rope_store(graph: Graph) -> tuple[Graph, list[str]]:
         first, last = absorbed[0], absorbed[-1]
         assert q.rope is not None and k.idx is not None
         ws = tuple(nodes[b.nodes[0]].srcs[0] for b in (q, k, v))
-        srcs = (*ws, x, q.rope.srcs[1], q.rope.srcs[2], k.idx)
+        biases = tuple(b.bias for b in (q, k, v) if b.bias is not None)
+        srcs = (*ws, x, q.rope.srcs[1], q.rope.srcs[2], k.idx, *biases)
         outs = (q.out, k.out, v.out)
         if not stable_between(index, srcs, first, last):
             continue
@@ -156,7 +179,7 @@ def fuse_qkv_rope_store(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         end = nodes[last]
         fused = Node(end.name, "QKV_ROPE_SET_ROWS", srcs, outs,
-                     fused_params({**_rotation(q.rope), "head_dim": q.out.shape[-1]},
+                     fused_params({**_rotation(q.rope), "head_dim": q.out.shape[-1], "bias": bool(biases)},
                                   [nodes[a] for a in absorbed if a != last], tuple(range(len(srcs)))))
         if not _writes_apart(fused, srcs) or len({o.buffer.name for o in outs}) != 3:
             continue
@@ -191,7 +214,7 @@ def _folded(reader: Node, normed: View, x: View, w: View, eps: float, absorbed: 
     if reader.op not in NORM_FOLDED or len(reader.outs) not in (1, 3):
         return None
     op, slot = NORM_FOLDED[reader.op]
-    if reader.op == "QKV_ROPE_SET_ROWS" and len(reader.srcs) != QKV_SRCS:
+    if "eps" in reader.params:
         return None  # already normed
     hits = [k for k, s in enumerate(reader.srcs) if s.overlaps(normed)]
     if hits != [slot] or not same_elements(normed, reader.srcs[slot]):
