@@ -192,5 +192,5 @@ def test_simulator_costs_the_fused_kernels_below_their_parts():
         for n in new:
             c = kernel_cost(n, cal)
             plain = kernel_cost(by_name[n.name], cal) if n.op == "RMS_NORM_MUL_MAT" else None
-            if plain is not None:  # the same mat-vec, its norm folded: the prologue more, the norm less
-                assert c.fixed_ns - plain.fixed_ns == pytest.approx(2 * cal.dram_latency_ns, abs=1.0)
+            if plain is not None:  # the same mat-vec, its norm folded: the staging prologue more
+                assert c.fixed_ns - plain.fixed_ns == pytest.approx(cal.dram_latency_ns, abs=1.0)

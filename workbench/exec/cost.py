@@ -19,7 +19,7 @@ Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels fo
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil, prod
+from math import ceil
 
 from ..graph import Node, is_quantized
 from .calibration import Calibration, FamilyCost
@@ -83,7 +83,7 @@ FUSED_BASE = {"RMS_NORM_MUL_ADD": ("RMS_NORM", "_mul_add"),
               "RMS_NORM_MUL_MAT": ("MUL_MAT", "_norm"), "RMS_NORM_MUL_MAT_GLU": ("MUL_MAT", "_glu_norm"),
               "QKV_ROPE_SET_ROWS": ("MUL_MAT", "_qkv_rope")}
 #: fused ops whose kernel stages the activation row in a prologue before the main loop
-#: (``prologue_ns``): every block reads the row (and the norm weight) and reduces it
+#: (``prologue_ns``): every block reads the row (and the norm weight, and reduces sum(x^2))
 STAGED_OPS = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS")
 
 _ELEMENTWISE_BLOCK = 256   # CUDA_*_BLOCK_SIZE of ggml's element-wise, copy, rope and set_rows kernels
@@ -131,12 +131,9 @@ def kernel_name(node: Node) -> str:
 def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     """(blocks, threads per block) of ``node``'s kernel as llama.cpp launches it for one token."""
     op, dst = node.op, node.dst
-    if op in WORKBENCH_ONLY_KERNELS:
-        call = _bound(node)                                # ours: the grid the cuda executor launches
-        if call is not None:
-            return prod(call.grid), prod(call.block)
-        return max(1, dst.numel), 256
-    if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU"):
+    if op == "QKV_ROPE_SET_ROWS":                          # ours: modelled as the mat-vec whose fit it takes
+        return max(1, sum(w.numel // w.shape[-1] for w in node.srcs[:3])), 256   # a block per Q, K, V row
+    if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU"):
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
     if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
         return max(1, dst.numel), 256                      # rows of every selected expert
@@ -166,33 +163,27 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     return ceil(n / _ELEMENTWISE_BLOCK), _ELEMENTWISE_BLOCK
 
 
-def _bound(node: Node):
-    """``cuda_ops.bind`` of ``node`` with every buffer at an aligned base, as the executor
-    allocates them (so the alignment-dependent choices come out the same), or None."""
+def executor_kernel(node: Node) -> str | None:
+    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
+    kernel takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the
+    executor allocates them, so the alignment-dependent choices come out the same."""
     from .cuda_ops import BindError, bind
 
     try:
-        return bind(node, lambda v: v.offset, lambda key, n: 0)
+        return bind(node, lambda v: v.offset, lambda key, n: 0).name
     except BindError:
         return None
 
 
-def executor_kernel(node: Node) -> str | None:
-    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
-    kernel takes its views)."""
-    call = _bound(node)
-    return call.name if call is not None else None
-
-
 def prologue_ns(node: Node, cal: Calibration) -> float:
-    """The staging prologue of a ``STAGED_OPS`` kernel (kernels/fused_mat_vec.cu stage_x), which
-    the block mat-vec's measured fit does not contain: every block loads the activation row (and
-    the norm weight) as independent float4 loads, one round trip at the calibrated DRAM latency
-    (an upper bound: after the first block the row is in L2); with a folded norm, the block
-    reduction of sum(x^2) adds a second. Blocks run it concurrently, so it adds once."""
-    if node.op not in STAGED_OPS:
-        return 0.0
-    return cal.dram_latency_ns * (2 if "eps" in node.params else 1)
+    """What the staging prologue of a ``STAGED_OPS`` kernel (kernels/fused_mat_vec.cu stage_x)
+    adds to the block mat-vec whose measured fit it takes: the base kernel reads x after its PDL
+    wait too, one vector ahead of each dot, while the staged kernel's first dot waits for the
+    whole row in shared memory (a barrier after one round of independent float4 loads; the
+    folded norm's block reduction follows from shared memory). Charged as one round trip at the
+    calibrated DRAM latency (an upper bound: x was just written, so it is in L2), once per
+    kernel (the blocks stage concurrently, their weight loads already in flight)."""
+    return cal.dram_latency_ns if node.op in STAGED_OPS else 0.0
 
 
 def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
