@@ -15,7 +15,7 @@ from pathlib import Path
 
 import workbench
 from workbench.models import preset
-from workbench.strategy import FUSIONS, Strategy
+from workbench.strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -23,7 +23,8 @@ ROOT = Path(__file__).resolve().parents[1]
 def predict(model: str, gpu: str, tokens: int = 64, context: int = 512, layers: int | None = None) -> list[dict]:
     cfg = preset(model, context=context, **({"layers": layers} if layers else {}))
     base = Strategy(graphs=True, pdl=True)
-    sets = {"none": frozenset(), **{f: frozenset({f}) for f in FUSIONS}, "all": frozenset(FUSIONS)}
+    sets = {"none": frozenset(), **{f: frozenset({f}) for f in FUSIONS},
+            "llama.cpp's set": frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS), "all": frozenset(FUSIONS)}
     rows = []
     for name, fusion in sets.items():
         run = workbench.run(cfg, base.with_(fusion=fusion), tokens=tokens, start_pos=context - tokens,
