@@ -44,9 +44,11 @@ __device__ __forceinline__ int dp4a(int a, int b, int c) {
     asm("dp4a.s32.s32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(c));
     return r;
 }
+// __byte_perm: byte n of the result is byte (nibble n of s) & 7 of a (bytes 0..3), b (4..7); the fourth
+// selector bits are cleared, as prmt would otherwise sign-replicate the byte (ggml's lookup relies on it).
 __device__ __forceinline__ u32 byte_perm(u32 a, u32 b, u32 s) {
     u32 r;
-    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s));
+    asm("prmt.b32 %0, %1, %2, %3;" : "=r"(r) : "r"(a), "r"(b), "r"(s & 0x7777u));
     return r;
 }
 // A 32-bit word of quants at byte p: byte / 2-byte / 4-byte aligned loads.
