@@ -9,9 +9,11 @@
 //   mxfp4 17 B: e8m0 e, qs[16] (nibbles as q4_0, e2m1 codes: kvalues_mxfp4 doubled, scale halved)
 //   q4_k 144 B: f16 d, f16 dmin, scales[12] (6-bit scales and mins of 8 groups), qs[128]
 // The dot products follow vecdotq.cuh (vec_dot_*_q8_1 with VDR_*_MMVQ = 2): each thread takes
-// `vdr` 32-bit words of a weight block, QI / VDR threads share a block, and the QUANTIZE_Q8_1
-// block sum `s` supplies q4_0's "- 8" (as in llama.cpp, so q4_0 differs from dequantise-then-
-// multiply by at most 8 |d4| |s - d8 sum(q8)| per block; the other types give the same products).
+// `vdr` 32-bit words of a weight block and QI / VDR threads share a block. Every type computes
+// exactly the products of the dequantised blocks (the reference's), in another order: q4_0's
+// "- 8" is 8 sum(q8) from a dp4a with 0x01010101, as vec_dot_q4_K takes its mins, where llama.cpp
+// uses the block's float sum s (ds.y), which differs by 8 d4 (s - d8 sum(q8)) per block, about
+// the q8_1 rounding error of the activation. The s that k_quantize_q8_1 writes stays ggml's.
 //
 // Work split (mul_mat_vec_q for one token): one block of MMVQ_WARPS warps per output row, its
 // threads strided over the row's blocks, reduced by warp shuffles and then through shared memory.
@@ -99,15 +101,15 @@ template <> __device__ __forceinline__ float vec_dot<QT_Q8_0>(const u8* b, const
 }
 
 template <> __device__ __forceinline__ float vec_dot<QT_Q4_0>(const u8* b, const u8* y, int iqs) {
-    int s = 0;
+    int s = 0, sq = 0;  // sum(q4 * q8) and sum(q8) over this thread's values
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int v = ld_b2(b + 2 + 4 * (iqs + i));
-        s = dp4a(v & 0x0F0F0F0F, ld_b4(y + 4 + 4 * (iqs + i)), s);
-        s = dp4a((v >> 4) & 0x0F0F0F0F, ld_b4(y + 4 + 4 * (iqs + i + 4)), s);
+        const int u0 = ld_b4(y + 4 + 4 * (iqs + i)), u1 = ld_b4(y + 4 + 4 * (iqs + i + 4));
+        s = dp4a((v >> 4) & 0x0F0F0F0F, u1, dp4a(v & 0x0F0F0F0F, u0, s));
+        sq = dp4a(0x01010101, u1, dp4a(0x01010101, u0, sq));
     }
-    // each of the QI / VDR = 2 threads of the block subtracts half of 8 * s
-    return ld_h(b) * ((float)s * ld_h(y) - 4.0f * ld_h(y + 2));
+    return ld_h(b) * ld_h(y) * (float)(s - 8 * sq);  // sum((q4 - 8) * q8), exact in int
 }
 
 template <> __device__ __forceinline__ float vec_dot<QT_MXFP4>(const u8* b, const u8* y, int iqs) {

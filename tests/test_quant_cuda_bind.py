@@ -118,17 +118,19 @@ def _vec_dot(qtype: str, b: np.ndarray, y: np.ndarray, iqs: int) -> np.ndarray:
             s = _dp4a(_word(b, 2 + 4 * (iqs + i)), _word(y, 4 + 4 * (iqs + i)), s)
         return _half(b, 0) * _half(y, 0) * s.astype(np.float32)
     if qtype in ("q4_0", "mxfp4"):
-        s = 0
+        s = sq = 0
         for i in range(2):
+            u0, u1 = _word(y, 4 + 4 * (iqs + i)), _word(y, 4 + 4 * (iqs + i + 4))
             if qtype == "q4_0":
                 v = _word(b, 2 + 4 * (iqs + i))
                 lo, hi = v & 0x0F0F0F0F, (v >> 4) & 0x0F0F0F0F
+                ones = np.full_like(u0, 0x01010101)
+                sq = sq + _dp4a(ones, u1, _dp4a(ones, u0, 0))
             else:
                 lo, hi = _mxfp4_lookup(_word(b, 1 + 4 * (iqs + i)))
-            s = _dp4a(lo, _word(y, 4 + 4 * (iqs + i)), s)
-            s = _dp4a(hi, _word(y, 4 + 4 * (iqs + i + 4)), s)
+            s = _dp4a(hi, u1, _dp4a(lo, u0, s))
         if qtype == "q4_0":
-            return _half(b, 0) * (s.astype(np.float32) * _half(y, 0) - np.float32(4) * _half(y, 2))
+            return _half(b, 0) * _half(y, 0) * (s - 8 * sq).astype(np.float32)
         return _e8m0_half(b[:, 0]) * _half(y, 0) * s.astype(np.float32)
     # q4_k: y holds the 8 q8_1 blocks of each super-block side by side ([nb, 8 * 36])
     bq8, r = 2 * ((iqs // 2) // 4), (iqs // 2) % 4
@@ -173,10 +175,9 @@ def mmvq_emulated(qtype: str, w: np.ndarray, y: np.ndarray) -> np.ndarray:
 
 @pytest.mark.parametrize("qtype,K", [("q8_0", 2880), ("q4_0", 2048), ("mxfp4", 2880), ("q4_k", 1024)])
 def test_mmvq_integer_dot_products_match_dequantised_products(qtype, K):
-    """The word-for-word emulation equals dequantise(w) @ dequantise(q8_1(x)) (the reference's
-    product) up to float summation order; for q4_0 it carries llama.cpp's offset term, 8 d4 s
-    with the block's float sum s instead of 8 d4 d8 sum(q8), and equals the product plus that
-    difference."""
+    """The word-for-word emulation equals dequantise(w) @ dequantise(q8_1(x)), the reference's
+    product, up to float summation order (q4_0 too: its "- 8" comes from sum(q8), not from
+    llama.cpp's block float sum)."""
     from workbench.models.quant import dequantize, quantize
 
     rng = np.random.default_rng(1)
@@ -184,19 +185,7 @@ def test_mmvq_integer_dot_products_match_dequantised_products(qtype, K):
     y = quantize(rng.standard_normal(K).astype(np.float32), "q8_1")
     got = mmvq_emulated(qtype, w, y)
     want = dequantize(w, qtype).astype(np.float64) @ dequantize(y, "q8_1").astype(np.float64)
-    if qtype == "q4_0":
-        want = want - q4_0_offset_difference(w, y)
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.abs(want).max())
-
-
-def q4_0_offset_difference(w: np.ndarray, y: np.ndarray) -> np.ndarray:
-    """Per row, 8 sum_b d4_b (s_b - d8_b sum(q8_b)): what llama.cpp's q4_0 x q8_1 dot product
-    subtracts beyond the dequantised product (s is the block's float sum, rounded to f16)."""
-    yb = y.reshape(-1, 36)
-    d8, s = (np.ascontiguousarray(yb[:, a:a + 2]).view("<f2")[:, 0].astype(np.float64) for a in (0, 2))
-    sum_q = yb[:, 4:].view(np.int8).astype(np.float64).sum(axis=1)
-    d4 = np.ascontiguousarray(w.reshape(w.shape[0], -1, 18)[:, :, :2]).view("<f2")[..., 0].astype(np.float64)
-    return 8 * (d4 * (s - d8 * sum_q)[None, :]).sum(axis=1)
 
 
 @pytest.mark.parametrize("qtype", MMVQ_TYPES)
