@@ -218,3 +218,22 @@ def test_get_rows_dequantisation_matches_quant(qtype):
         m = np.where(g < 4, s[:, g4 + 4] & 63, (s[:, g4 + 8] >> 4) | ((s[:, g4 + 4] >> 6) << 4))
         got = _half(b, 0)[:, None] * sc.astype(np.float32) * q - _half(b, 2)[:, None] * m.astype(np.float32)
     np.testing.assert_array_equal(got, dequantize(b, qtype))
+
+
+@pytest.mark.parametrize("gpu", ["h100", "h200"])
+def test_quantised_kernels_cost_their_blocks_at_the_calibrated_bandwidth(gpu):
+    """The simulator's fits were measured on the float kernels: a quantised mat-vec takes a fit
+    of its own mmvq kernel when the calibration has one, else the plain roofline of its bytes."""
+    from dataclasses import replace
+
+    from workbench.exec.calibration import FamilyCost, load_calibration
+    from workbench.exec.cost import kernel_cost, measured_fit
+
+    cal = load_calibration(gpu)
+    g = build_graph(preset("llama-3.2-1b", layers=1, weight_dtype="q4_0"), 256)
+    mm = next(n for n in g.nodes if n.op == "MUL_MAT" and n.srcs[0].dtype == "q4_0")
+    assert measured_fit(mm, cal) == ("device", None)
+    cost = kernel_cost(mm, cal)
+    assert cost.threads == 128 and cost.work_ns == pytest.approx(mm.bytes / cal.dram_Bpns)
+    own = replace(cal, ops={**cal.ops, "MUL_MAT/k_mul_mat_vec_q_q4_0": FamilyCost(1000.0, 1.1)})
+    assert measured_fit(mm, own)[0] == "op/kernel"
