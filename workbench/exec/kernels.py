@@ -95,6 +95,13 @@ def graph_replay_seconds(cp: Any, stream: Any, launch: Any, reps: int, rounds: i
     """Device seconds per call of ``launch()``: ``reps`` calls captured in one CUDA graph and
     replayed between events, so no host launch cost falls inside the timed interval (median of
     ``rounds`` replays after the first ``skip``)."""
+    return float(np.median(graph_replay_samples(cp, stream, launch, reps, rounds, skip)))
+
+
+def graph_replay_samples(cp: Any, stream: Any, launch: Any, reps: int, rounds: int = 7,
+                         skip: int = 2) -> list[float]:
+    """The per-call device seconds of each timed replay of :func:`graph_replay_seconds` (the
+    first ``skip`` replays are warm-up), for a median with its spread."""
     stream.begin_capture()
     try:
         for _ in range(reps):
@@ -110,7 +117,7 @@ def graph_replay_seconds(cp: Any, stream: Any, launch: Any, reps: int, rounds: i
         e1.record(stream)
         e1.synchronize()
         ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3 / reps)
-    return float(np.median(ts[skip:]))
+    return ts[skip:]
 
 
 def ctype_of(value: Any) -> Any:
