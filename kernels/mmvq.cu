@@ -17,7 +17,8 @@
 //
 // Work split (mul_mat_vec_q for one token): one block of MMVQ_WARPS warps per output row, its
 // threads strided over the row's blocks, reduced by warp shuffles and then through shared memory.
-// grid = (rows, activation rows | selected experts).
+// grid = (rows, activation rows | selected experts). Under PDL the mat-vec prefetches its first
+// weight blocks to L2 before its wait; the expert variant learns its rows from ids only after it.
 //
 // Unaligned reads: q8_0 and q4_0 blocks are 2-byte aligned, mxfp4 blocks byte aligned, q4_k and
 // q8_1 blocks 4-byte aligned (the bindings check the views' bytes accordingly).
@@ -173,6 +174,10 @@ __device__ __forceinline__ void mmvq(TV d, TV w, TV x) {
     PDL_WAIT(start);
     const int row = blockIdx.x, m = blockIdx.y, N = tv_rows(w), K = w.n[3];
     const u8* wr = (const u8*)(w.p + tv_row_off(w, w.n, row));
+    // weights never change during a step: this thread's first block heads for L2 before the wait
+    constexpr int TPB = QTraits<T>::QI / QTraits<T>::VDR;
+    if ((int)threadIdx.x / TPB < K / QTraits<T>::QK)
+        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + (i64)(threadIdx.x / TPB) * QTraits<T>::BYTES));
     PDL_WAIT(first_read);
     const u8* y = (const u8*)(x.p + tv_row_off(x, x.n, m));
     const int y0 = *(const volatile int*)y;  // the first dependent read (the `late` placement's race)

@@ -237,3 +237,15 @@ def test_quantised_kernels_cost_their_blocks_at_the_calibrated_bandwidth(gpu):
     assert cost.threads == 128 and cost.work_ns == pytest.approx(mm.bytes / cal.dram_Bpns)
     own = replace(cal, ops={**cal.ops, "MUL_MAT/k_mul_mat_vec_q_q4_0": FamilyCost(1000.0, 1.1)})
     assert measured_fit(mm, own)[0] == "op/kernel"
+
+
+def test_mmvq_first_read_placement_prefetches_weights_only(tmp_path):
+    """Under ``first-read`` the quantised mat-vec sends its first weight blocks to L2 before the
+    wait and reads the q8_1 activation after it; the expert variant waits before any load."""
+    from test_kernels_cpu import _entries, _ptx
+
+    entries = _entries(_ptx("mmvq", "first-read", "start", tmp_path))
+    for qtype in MMVQ_TYPES:
+        before, after = entries[f"k_mul_mat_vec_q_{qtype}"].split("griddepcontrol.wait")
+        assert "prefetch.global.L2" in before and "ld.global" not in before and "ld.volatile" not in before, qtype
+        assert "ld.global" not in entries[f"k_mul_mat_vec_q_id_{qtype}"].split("griddepcontrol.wait")[0], qtype
