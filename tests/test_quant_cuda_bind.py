@@ -249,3 +249,35 @@ def test_mmvq_first_read_placement_prefetches_weights_only(tmp_path):
         before, after = entries[f"k_mul_mat_vec_q_{qtype}"].split("griddepcontrol.wait")
         assert "prefetch.global.L2" in before and "ld.global" not in before and "ld.volatile" not in before, qtype
         assert "ld.global" not in entries[f"k_mul_mat_vec_q_id_{qtype}"].split("griddepcontrol.wait")[0], qtype
+
+
+def test_device_draw_uploads_every_row_of_blocks(monkeypatch):
+    """``weights="device"``: a block-typed weight is drawn in chunks of rows, quantised on the host
+    and uploaded in row order (CuPy stood in for by NumPy over one host byte array)."""
+    import ctypes
+    import types
+
+    from workbench.exec import device_weights
+    from workbench.graph import GraphBuilder
+    from workbench.models.quant import quantize
+
+    monkeypatch.setattr(device_weights, "CHUNK", 1000)  # 10 rows of 96 values per chunk: 8 chunks
+    space = np.zeros(20000, np.uint8)
+    rt = types.SimpleNamespace(memcpy=lambda dst, src, n, kind: ctypes.memmove(dst, src, n))
+    cp = types.SimpleNamespace(asnumpy=np.asarray, float32=np.float32, cuda=types.SimpleNamespace(runtime=rt))
+
+    class Draws:
+        def __init__(self) -> None:
+            self.rng = np.random.default_rng(0)
+
+        def standard_normal(self, n, dtype):
+            return self.rng.standard_normal(n).astype(dtype)
+
+    b = GraphBuilder("g")
+    w = b.weight("w", (77, 96), "q4_0")
+    device_weights._fill_quantized(cp, Draws(), w, space.ctypes.data + 64, 0.1)
+    again = Draws()
+    want = np.concatenate([again.standard_normal(min(10, 77 - r0) * 96, np.float32).reshape(-1, 96) * np.float32(0.1)
+                           for r0 in range(0, 77, 10)])
+    np.testing.assert_array_equal(space[64:64 + w.nbytes], quantize(want, "q4_0").reshape(-1))
+    assert not space[:64].any() and not space[64 + w.nbytes:].any()

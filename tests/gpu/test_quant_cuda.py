@@ -14,7 +14,9 @@ activation lies within an ulp of a q8_1 rounding boundary, by one quant step (1/
 block's largest value) of that element, propagated through the layers: the CPU parity run
 (data/bench/quant_cpu_parity.md) saw such flips move logits by up to 1.3e-2 of the largest, so
 whole models are held to ``MODEL_TOL`` = 3e-2, which still fails a wrong block index, scale or
-stride (errors of order 1).
+stride (errors of order 1). Node by node (each output against the reference op's, both chains
+from the same inputs) ``NODE_TOL`` = 1e-2 of the output's largest value admits one such flipped
+q8_1 step (at most 1/127 of a block's largest value).
 """
 
 from __future__ import annotations
@@ -26,14 +28,18 @@ from gpu_cases import TINY, record, rel_err
 import workbench
 from workbench.exec.cuda_ops import bind
 from workbench.exec.memory import Memory
+from workbench.exec.reference import load_static
 from workbench.exec.reference_ops import NUMPY_OPS
 from workbench.graph import GraphBuilder
-from workbench.models import preset
+from workbench.models import build_graph, preset
+from workbench.models.blocks import step_input_values
 from workbench.models.quant import quantize
+from workbench.models.weights import random_weights
 from workbench.strategy import FUSIONS, Strategy
 
 KERNEL_TOL = 1e-4
 MODEL_TOL = 3e-2
+NODE_TOL = 1e-2
 QTYPES = ("q8_0", "q4_0", "q4_k", "mxfp4")
 #: (type, N, K): Llama-3.2-1B / 3.1-8B projections, gpt-oss's 2880, q4_k on whole super-blocks
 MATVEC = [(q, n, k) for q in ("q8_0", "q4_0", "mxfp4") for n, k in ((2048, 2048), (1024, 4096), (2880, 2880),
@@ -158,3 +164,39 @@ def test_tiny_presets_match_reference(model, qtype, strategy):
     err = rel_err(got.logits, want)
     record(test="quant_model", model=model, qtype=qtype, strategy=strategy, rel_err=err)
     assert err <= MODEL_TOL, f"{model} {qtype} {strategy}: logits rel err {err:.3g} > {MODEL_TOL}"
+
+
+@pytest.mark.parametrize("qtype", ("q8_0", "q4_0", "mxfp4"))
+@pytest.mark.parametrize("model", TINY)
+def test_every_quantised_node_matches_reference(model, qtype):
+    """One decode step node by node (no-reuse allocation keeps every output): names the first
+    nodes whose kernel disagrees with its NumPy twin, which is where a bug would be."""
+    from test_cuda_nodes import _gpu_memory
+
+    from workbench.exec.cuda import CudaExecutor
+
+    cfg = preset(model, weight_dtype=qtype, context=512)
+    weights = random_weights(build_graph(cfg), 0)
+    ex = CudaExecutor(cfg, Strategy(allocator="no-reuse"), weights)
+    pos, tok = 5, 11
+    ex.step(tok, pos)
+    b = ex.bound(cfg.kv_len(pos))
+    plan = b.plan
+    gpu = _gpu_memory(ex, plan)
+    ref = Memory()
+    load_static(plan.graph, ref, weights)
+    for name, value in step_input_values(plan.graph, tok, pos).items():
+        ref.write(plan.graph.inputs[name], value)
+    bad, worst = [], 0.0
+    for la, node in zip(plan.launches, plan.graph.nodes):
+        NUMPY_OPS[node.op](node, ref)
+        for k, out in enumerate(node.outs):
+            r, g = ref.read(out).astype(np.float64), gpu.read(out).astype(np.float64)
+            err = _close(g, r) if np.isfinite(g).all() else float("inf")
+            worst = max(worst, err)
+            if not err <= NODE_TOL:
+                bad.append(f"{node.name} ({node.op} -> {b.calls[la.index].name}, out {k} {out.describe()}): "
+                           f"rel err {err:.3g}")
+    ex.release()
+    record(test="quant_nodes", model=model, qtype=qtype, worst_node_rel_err=worst, bad=len(bad))
+    assert not bad, "first mismatching nodes:\n" + "\n".join(bad[:12])
