@@ -173,10 +173,8 @@ NORMS = {"RMS_NORM": "rms_norm", "L2_NORM": "l2_norm"}
 
 def bind(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     """The kernel launch of ``node``; a BindError names a layout no kernel takes."""
-    quantized = [v.dtype for v in (*node.srcs, *node.outs) if is_quantized(v.dtype)]
-    if quantized:
-        raise BindError(f"{node.name}: {node.op} on {quantized[0]} blocks is not implemented on the cuda "
-                        "backend yet (the reference and sim backends run quantised weights)")
+    if any(is_quantized(v.dtype) for v in (*node.srcs, *node.outs)):
+        return _quantized(node, addr, workspace)
     fn = _BINDERS.get(node.op)
     if fn is None:
         raise BindError(f"{node.name}: no CUDA kernel for op {node.op}")
@@ -606,8 +604,12 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     return KernelCall("gdn", "k_gated_delta_net", (H, ceil(DV / 32)), (128,), args, None, node.outs)
 
 
-def _quantize_q8_1(node: Node, addr: Addr, _: Workspace) -> KernelCall:
-    raise BindError(f"{node.name}: QUANTIZE_Q8_1 is not implemented on the cuda backend yet")
+def _quantized(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
+    """Nodes with a block-typed view (QUANTIZE_Q8_1, quantised MUL_MAT / MUL_MAT_ID / GET_ROWS):
+    ``cuda_quant_ops`` (kernels/mmvq.cu), imported here as it builds on this module's helpers."""
+    from .cuda_quant_ops import bind_quantized
+
+    return bind_quantized(node, addr, workspace)
 
 
 _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
@@ -632,7 +634,7 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "FLASH_ATTN_EXT": _attn,
     "SSM_CONV": _ssm_conv,
     "GATED_DELTA_NET": _gdn,
-    "QUANTIZE_Q8_1": _quantize_q8_1,
+    "QUANTIZE_Q8_1": _quantized,
 }
 
 #: ops with a kernel here (the CPU tests check this covers every op a model graph uses)
