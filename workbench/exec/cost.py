@@ -164,7 +164,18 @@ def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
     ggml op (``op``), its kernel family (``family``), else none (``device``: plain roofline plus
     ``kernel_fixed_ns``). Ops come before families because a family lumps kernels of very
     different cost (SOFT_MAX and ARGSORT_TOP_K, MUL_MAT and MUL_MAT_ID). A fused op of
-    ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue."""
+    ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue.
+
+    A llama.cpp calibration (``cal.executor == "llamacpp"``) keys its fits by llama.cpp's
+    kernels (``kernel_name``) and measures the fused kernels llama.cpp runs under their own op:
+    ``op/kernel`` and ``op`` of the node, then its base op's, then the family."""
+    if cal.executor == "llamacpp":
+        base = FUSED_BASE.get(node.op, (node.op, ""))[0]
+        for key, how in ((f"{node.op}/{kernel_name(node)}", "op/kernel"), (node.op, "op"), (base, "op")):
+            if key in cal.ops:
+                return how, cal.ops[key]
+        fc = cal.families.get(node.family)
+        return ("family", fc) if fc is not None else ("device", None)
     op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
     if any(k.startswith(f"{op}/") for k in cal.ops):
         kernel = executor_kernel(node)

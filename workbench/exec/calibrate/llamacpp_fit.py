@@ -1,0 +1,264 @@
+"""``workbench calibrate --target llamacpp``: the simulator's cost model of llama.cpp, fitted
+from CUPTI timelines of llama.cpp (``llamacpp_traces``), written as
+``data/calibration/<gpu>-llamacpp.json``.
+
+Three parts, each from what the timelines show:
+
+* **kernels**: ``fixed_ns + work_scale x roofline`` per ggml op on llama.cpp's kernel for it
+  (``OP/kernel``, the kernel named as ``cost.kernel_name`` names llama.cpp's kernels), per op,
+  and per kernel family, by ``kernel_fit.fit_groups`` (the cuda target's fit) on the nodes
+  matched to llama.cpp's kernels. Durations come from the traces without PDL where the folder
+  has them (a PDL kernel starts early and waits, which the simulator models apart); a kernel's
+  time is what it adds to its stream (``exposed_ns``), less what CUPTI adds per kernel when
+  untraced us/token are given (``measured``). Ops llama.cpp's traces do not show keep the
+  base calibration's op and family fits.
+* **host** (profile ``llama.cpp``): medians of llama.cpp's CUDA API calls (graph launch,
+  kernel launch, async copy, event record / wait), a synchronize that finds its stream idle
+  (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``); the host work of
+  a token outside CUDA calls (``token_overhead_ns``: llama_decode's graph build, scheduling and
+  graph-update checks) is the token's span less its API calls, under CUDA graphs.
+* **device gaps**: between stream-ordered graph kernels without PDL (``dependency_gap_ns``)
+  and from ``cudaGraphLaunch``'s return to the graph's first kernel
+  (``graph_launch_latency_ns``). PDL's overlap parameters are not observable in a timeline
+  (``griddepcontrol.wait`` leaves no record) and stay the base calibration's probe values.
+
+Every number carries its source; a field the traces cannot give says it comes from the base.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ..calibration import Calibration, CalibrationError, parse_calibration
+from .kernel_fit import MIN_OP_KERNELS, fit_groups
+from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
+from .tables import nan_median
+
+#: host profile the fit writes (and the file's default)
+PROFILE = "llama.cpp"
+#: CUDA API name -> host cost field it measures
+API_FIELDS = {"cudaGraphLaunch": "graph_launch_ns", "cudaLaunchKernel": "launch_ns",
+              "cudaLaunchKernelExC": "launch_pdl_ns", "cudaMemcpyAsync": "memcpy_async_ns",
+              "cudaEventRecord": "event_record_ns", "cudaStreamWaitEvent": "stream_wait_event_ns"}
+
+
+def read_measured(path: Path | None) -> dict[tuple[str, str], float]:
+    """Untraced llama.cpp us/token by (model, config) from ``llamacpp_peer.py --jsonl`` records
+    (``tool`` ``llamacpp`` preferred over ``llama-bench``); {} without a file."""
+    if path is None:
+        return {}
+    out: dict[tuple[str, str], float] = {}
+    rank = {"llamacpp": 0, "llama-bench": 1}
+    best: dict[tuple[str, str], int] = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        tool = r.get("tool")
+        if tool not in rank or r.get("us") is None:
+            continue
+        key = (str(r["model"]), str(r["config"]))
+        if key not in best or rank[tool] < best[key]:
+            best[key], out[key] = rank[tool], float(r["us"])
+    return out
+
+
+def cupti_kernel_ns(traces: Iterable[LlamaCppTrace], measured: Mapping[tuple[str, str], float]) -> float:
+    """What CUPTI adds per kernel under graph replay: median over the graph traces with an
+    untraced us/token of (traced - untraced us/token) / kernels per token (0 without any)."""
+    per = []
+    for t in traces:
+        us = measured.get((t.model, t.config_label))
+        traced = t.trace.meta.get("us_per_token")
+        if us is None or traced is None or not t.strategy.graphs:
+            continue
+        ev = t.trace.events
+        k = ev[(ev["kind"] == "kernel") & (ev["token"] >= 0)]
+        n = len(k) / max(1, k["token"].nunique())
+        per.append((float(traced) - us) * 1e3 / max(n, 1.0))
+    v = nan_median(per)
+    return v if v > 0 else 0.0
+
+
+def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float
+                ) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
+    """(ops, families, fitted kernels, unmatched kernels, op report rows, family report rows): fits of ``fixed + scale x
+    roofline`` on the matched kernels of the traces without PDL (all traces if none)."""
+    parts = [matched_kernels(t, base) for t in traces]
+    kern = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
+    unmatched = pd.concat([u for _, u in parts], ignore_index=True)
+    if kern.empty:
+        raise TraceFolderError("no kernel of the traces matched a Plan node; are they llama.cpp decode traces of "
+                               "a workbench preset (meta model/layers/context)?")
+    no_pdl = {t.name for t in traces if not t.strategy.pdl}
+    use = kern[kern["trace"].isin(no_pdl)] if no_pdl else kern
+    use = use.assign(duration_ns=(use["exposed_ns"] - cupti_ns).clip(lower=1.0))
+    what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}; a kernel's time on "
+            f"its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
+    by_key, rep_key = fit_groups(use, "key", "op", MIN_OP_KERNELS, min_fixed, what)
+    by_op, rep_op = fit_groups(use, "op", "op", MIN_OP_KERNELS, min_fixed, what)
+    by_fam, rep_fam = fit_groups(use, "family", "family", MIN_OP_KERNELS, min_fixed, what)
+    # one kernel per op: its op/kernel entry says nothing the op's does not
+    single = {op for op, g in use.groupby("op") if g["kernel"].nunique() == 1}
+    ops = {**{k: v for k, v in by_key.items() if k.split("/", 1)[0] not in single}, **by_op}
+    rep_key = [r for r in rep_key if r["op"] in ops]
+    return ops, by_fam, use, unmatched, [*rep_key, *rep_op], rep_fam
+
+
+def _api_table(t: LlamaCppTrace) -> pd.DataFrame:
+    ev = t.trace.events
+    return ev[ev["kind"].isin(["api", "sync"]) & (ev["token"] >= 0)]
+
+
+def host_costs(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
+    """{host field: (ns, source)} of what the traces show."""
+    out: dict[str, tuple[float, str]] = {}
+    api = pd.concat([_api_table(t).assign(trace=t.name) for t in traces], ignore_index=True)
+    api = api.assign(dur=api["end_ns"] - api["start_ns"])
+    for name, fld in API_FIELDS.items():
+        d = api.loc[api["name"] == name, "dur"]
+        if len(d):
+            out[fld] = (float(d.median()), f"median duration of {len(d)} {name} calls in llama.cpp's CUPTI "
+                                           "timelines (traced: CUPTI's API callbacks included)")
+    idle, wake = [], []
+    for t in traces:
+        ev = t.trace.events
+        dev = ev[ev["kind"].isin(["kernel", "memcpy"])]
+        for s in _api_table(t).query("kind == 'sync'").itertuples():
+            d = dev[(dev["stream"] == s.stream) & (dev["start_ns"] < s.end_ns)]
+            last = float(d["end_ns"].max()) if len(d) else -np.inf
+            if last <= s.start_ns:
+                idle.append(s.end_ns - s.start_ns)
+            elif last <= s.end_ns:
+                wake.append(s.end_ns - last)
+    if idle:
+        out["stream_sync_ns"] = (float(np.median(idle)), f"median of {len(idle)} cudaStreamSynchronize calls that "
+                                                         "found their stream idle (llama.cpp's CUPTI timelines)")
+    if wake:
+        out["sync_wakeup_ns"] = (float(np.median(wake)), f"median of {len(wake)} waiting cudaStreamSynchronize calls: "
+                                                         "last device work on the stream to the call's return")
+    over = []
+    for t in traces:
+        if not t.strategy.graphs:
+            continue
+        ev = t.trace.events
+        for _, g in ev[ev["token"] >= 0].groupby("token"):
+            mk = g[g["kind"] == "marker"]
+            calls = g[g["kind"].isin(["api", "sync"])]
+            if len(mk) and len(calls):  # the marker outlasts the token's last call by the tracer's own work
+                span = calls["end_ns"].max() - mk["start_ns"].min()
+                over.append(float(span - (calls["end_ns"] - calls["start_ns"]).sum()))
+    if over:
+        out["token_overhead_ns"] = (max(0.0, float(np.median(over))),
+                                    f"median over {len(over)} tokens under CUDA graphs of the token's span (its "
+                                    "marker's start to its last CUDA call's return) less its CUDA API calls "
+                                    "(llama_decode's host work outside CUDA)")
+    return out
+
+
+def device_gaps(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
+    """{device field: (ns, source)}: graph kernel-to-kernel gap (no PDL) and graph launch latency."""
+    gaps, lat = [], []
+    for t in traces:
+        if not t.strategy.graphs:
+            continue
+        ev = t.trace.events
+        for _, g in ev[ev["token"] >= 0].groupby("token"):
+            k = g[g["kind"] == "kernel"].sort_values("start_ns")
+            launch = g[g["name"] == "cudaGraphLaunch"]
+            if len(launch) and len(k):
+                lat.append(float(k["start_ns"].iloc[0] - launch["end_ns"].iloc[0]))
+            if t.strategy.pdl:
+                continue
+            for _, ks in k.groupby("stream"):
+                d = ks["start_ns"].to_numpy()[1:] - ks["end_ns"].to_numpy()[:-1]
+                gaps.extend(float(x) for x in d if 0 <= x < 20_000)
+    out = {}
+    if gaps:
+        out["dependency_gap_ns"] = (float(np.median(gaps)), f"median of {len(gaps)} gaps between stream-ordered "
+                                                            "kernels of llama.cpp's CUDA graphs without PDL")
+    lat = [x for x in lat if x >= 0]
+    if lat:
+        out["graph_launch_latency_ns"] = (float(np.median(lat)), f"median over {len(lat)} tokens of cudaGraphLaunch's "
+                                                                 "return to the graph's first kernel (llama.cpp)")
+    return out
+
+
+def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCppTrace]:
+    """The traces of models not in ``models`` (the held-out ones stay out of the fit)."""
+    held = set(models)
+    return [t for t in traces if t.model not in held]
+
+
+def fit(traces: list[LlamaCppTrace], base: dict[str, Any], measured: Mapping[tuple[str, str], float] | None = None,
+        log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The llama.cpp calibration dict from ``traces`` on top of ``base`` (a cuda calibration
+    dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack)."""
+    if not traces:
+        raise TraceFolderError("no trace left to fit (every trace held out?)")
+    base_cal = parse_calibration(base, "base calibration")
+    cal = copy.deepcopy(base)
+    src = cal["sources"]
+    base_name = f"{base.get('gpu', '?')} base calibration"
+    for k in list(src):  # inherited numbers say so
+        src[k] = f"from the {base_name} (not observable in llama.cpp's timelines): {src[k]}"
+    cupti = cupti_kernel_ns(traces, measured or {})
+    min_fixed = base_cal.pdl_prologue_ns + base_cal.pdl_first_read_setup_ns
+    ops, fams, used, unmatched, op_rep, fam_rep = kernel_fits(traces, base_cal, cupti, min_fixed)
+    # the base's op/kernel fits name the cuda executor's kernels: meaningless for llama.cpp's
+    for k in [k for k in cal.get("ops", {}) if "/" in k or k in ops or k.split("/", 1)[0] in {o.split("/")[0]
+                                                                                              for o in ops}]:
+        del cal["ops"][k]
+        for f in ("fixed_ns", "work_scale"):
+            src.pop(f"ops.{k}.{f}", None)
+    for section, fits in (("ops", ops), ("families", fams)):
+        cal.setdefault(section, {})
+        for name, (vals, how) in fits.items():
+            cal[section][name] = vals
+            for f in vals:
+                src[f"{section}.{name}.{f}"] = how
+    prof = dict(cal["host_profiles"].get(PROFILE) or cal["host_profiles"][cal["default_host_profile"]])
+    for fld, (v, how) in host_costs(traces).items():
+        prof[fld] = round(v, 1)
+        src[f"host_profiles.{PROFILE}.{fld}"] = how
+    for fld in prof:
+        src.setdefault(f"host_profiles.{PROFILE}.{fld}", f"from the {base_name}'s {PROFILE} profile")
+    cal["host_profiles"] = {PROFILE: prof}
+    mine = f"host_profiles.{PROFILE}."
+    src = {k: v for k, v in src.items() if not k.startswith("host_profiles.") or k.startswith(mine)}
+    for fld, (v, how) in device_gaps(traces).items():
+        cal["device"][fld] = round(v, 1)
+        src[f"device.{fld}"] = how
+    cal["sources"] = src
+    cal["default_host_profile"] = PROFILE
+    cal["executor"] = "llamacpp"
+    cal["name"] = f"{base.get('name', base.get('gpu'))}, llama.cpp"
+    models = sorted({t.model for t in traces})
+    cal["measured"] = {
+        "target": "llamacpp", "traces": [t.name for t in traces], "models": models, "cupti_kernel_ns": cupti,
+        "kernels_fitted": int(len(used)), "op_fits": op_rep, "family_fits": fam_rep,
+        "unmatched": (unmatched.groupby(["trace", "family"])["exposed_ns"].sum()
+                      / unmatched.groupby(["trace", "family"])["token"].nunique()).round(0).reset_index(
+                          name="exposed_ns_per_token").to_dict("records") if len(unmatched) else [],
+    }
+    try:
+        parse_calibration(cal, "fitted llama.cpp calibration")
+    except CalibrationError as e:  # a bug of this fit, not of the user's input
+        raise RuntimeError(f"the llama.cpp fit wrote an unusable calibration: {e}") from e
+    log(f"llama.cpp fit: {len(traces)} traces of {', '.join(models)}; {len(used)} kernels fitted, "
+        f"{len(ops)} ops (or op/kernel pairs), {len(fams)} families; CUPTI {cupti:.0f} ns/kernel")
+    return cal
+
+
+def fit_folder(folder: Path, base: dict[str, Any], measured_path: Path | None = None,
+               held_out: Iterable[str] = (), log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """``fit`` of the traces in ``folder`` less the ``held_out`` models."""
+    traces = hold_out(read_traces(folder), held_out)
+    return fit(traces, base, read_measured(measured_path), log)
