@@ -183,9 +183,9 @@ def load_calibration(gpu: str = "h100", host: str | None = None, path: str | Pat
     if path is None:
         p = CALIBRATION_DIR / f"{gpu.lower()}.json"
         if not p.exists():
-            raise CalibrationError(f"no calibration {gpu!r}; known: {', '.join(known_gpus())} (files in "
-                                   f"{CALIBRATION_DIR}; <gpu>-llamacpp predicts llama.cpp); pass --gpu with one "
-                                   "of them, or fit one with workbench calibrate [--target llamacpp]")
+            raise CalibrationError(f"no calibration for GPU {gpu!r}; known GPUs: {', '.join(known_gpus())} "
+                                   f"(files in {CALIBRATION_DIR}; <gpu>-llamacpp ones predict llama.cpp); pass "
+                                   "--gpu with one of them, or fit one with workbench calibrate [--target llamacpp]")
     else:
         p = Path(path)
         if not p.exists():
