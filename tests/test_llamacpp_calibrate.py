@@ -124,11 +124,13 @@ def test_bad_inputs_are_clear(tmp_path, capsys):
 def test_read_measured_prefers_the_backend_over_llama_bench(tmp_path):
     p = tmp_path / "peer.jsonl"
     p.write_text("\n".join(json.dumps(r) for r in (
-        {"tool": "llama-bench", "model": "llama-3.2-1b", "config": "default", "us": 700.0},
-        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "default", "us": 710.0},
-        {"tool": "cuda", "model": "llama-3.2-1b", "config": "default", "us": 900.0},
-        {"tool": "llama-bench", "model": "llama-3.1-8b", "config": "pdl0", "us": 5000.0})) + "\n")
-    assert read_measured(p) == {("llama-3.2-1b", "default"): 710.0, ("llama-3.1-8b", "pdl0"): 5000.0}
+        {"tool": "llama-bench", "model": "llama-3.2-1b", "config": "default", "us": [700.0]},
+        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "default", "us": [710.0, 712.0]},
+        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "default", "us": [714.0]},
+        {"tool": "cuda", "model": "llama-3.2-1b", "config": "default", "us": [900.0]},
+        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "pdl0", "error": "boom"},
+        {"tool": "llama-bench", "model": "qwen3-30b-a3b (8 layers)", "config": "pdl0", "us": [5000.0]})) + "\n")
+    assert read_measured(p) == {("llama-3.2-1b", 16, "default"): 712.0, ("qwen3-30b-a3b", 8, "pdl0"): 5000.0}
 
 
 def test_plan_of_a_trace_matches_the_recorded_meta():

@@ -49,33 +49,43 @@ API_FIELDS = {"cudaGraphLaunch": "graph_launch_ns", "cudaLaunchKernel": "launch_
               "cudaEventRecord": "event_record_ns", "cudaStreamWaitEvent": "stream_wait_event_ns"}
 
 
-def read_measured(path: Path | None) -> dict[tuple[str, str], float]:
-    """Untraced llama.cpp us/token by (model, config) from ``llamacpp_peer.py --jsonl`` records
-    (``tool`` ``llamacpp`` preferred over ``llama-bench``); {} without a file."""
+def model_key(model: str, layers: int | None = None) -> tuple[str, int]:
+    """(preset, layers) of a model, ``llamacpp_peer.py``'s labels included (``qwen3-30b-a3b (8
+    layers)``; no count: all the preset's layers)."""
+    from ...models import preset
+
+    name, _, rest = model.partition(" (")
+    if rest.endswith(" layers)"):
+        layers = int(rest.split()[0])
+    return name, int(layers or preset(name).n_layer)
+
+
+def read_measured(path: Path | None) -> dict[tuple[str, int, str], float]:
+    """Untraced llama.cpp us/token by (preset, layers, config) from ``llamacpp_peer.py --jsonl``
+    records: the median of every repetition of the ``llamacpp`` tool's records (``llama-bench``'s
+    where the backend has none); {} without a file."""
     if path is None:
         return {}
-    out: dict[tuple[str, str], float] = {}
-    rank = {"llamacpp": 0, "llama-bench": 1}
-    best: dict[tuple[str, str], int] = {}
+    per: dict[str, dict[tuple[str, int, str], list[float]]] = {"llamacpp": {}, "llama-bench": {}}
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
         r = json.loads(line)
-        tool = r.get("tool")
-        if tool not in rank or r.get("us") is None:
+        if r.get("tool") not in per or r.get("us") is None:
             continue
-        key = (str(r["model"]), str(r["config"]))
-        if key not in best or rank[tool] < best[key]:
-            best[key], out[key] = rank[tool], float(r["us"])
+        us = r["us"] if isinstance(r["us"], list) else [r["us"]]
+        per[r["tool"]].setdefault((*model_key(str(r["model"])), str(r["config"])), []).extend(map(float, us))
+    out = {k: float(np.median(v)) for k, v in per["llama-bench"].items() if v}
+    out.update({k: float(np.median(v)) for k, v in per["llamacpp"].items() if v})
     return out
 
 
-def cupti_kernel_ns(traces: Iterable[LlamaCppTrace], measured: Mapping[tuple[str, str], float]) -> float:
+def cupti_kernel_ns(traces: Iterable[LlamaCppTrace], measured: Mapping[tuple[str, int, str], float]) -> float:
     """What CUPTI adds per kernel under graph replay: median over the graph traces with an
     untraced us/token of (traced - untraced us/token) / kernels per token (0 without any)."""
     per = []
     for t in traces:
-        us = measured.get((t.model, t.config_label))
+        us = measured.get((*model_key(t.model, t.layers), t.config_label))
         traced = t.trace.meta.get("us_per_token")
         if us is None or traced is None or not t.strategy.graphs:
             continue
@@ -197,7 +207,8 @@ def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCp
     return [t for t in traces if t.model not in held]
 
 
-def fit(traces: list[LlamaCppTrace], base: dict[str, Any], measured: Mapping[tuple[str, str], float] | None = None,
+def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
+        measured: Mapping[tuple[str, int, str], float] | None = None,
         log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """The llama.cpp calibration dict from ``traces`` on top of ``base`` (a cuda calibration
     dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack)."""

@@ -37,8 +37,10 @@ class Capture:
 
     @property
     def stem(self) -> str:
-        """``<model>-L<layers>_<config>`` (``L0`` for all layers), the file name the fit reads."""
-        return f"{self.model}-L{self.layers or 0}_{self.config}"
+        """``<model>-L<layers>_<config>``, the file name the fit reads."""
+        from ...models import preset
+
+        return f"{self.model}-L{self.layers or preset(self.model).n_layer}_{self.config}"
 
 
 def record(cap: Capture, out_dir: Path, suffix: str = ".parquet") -> tuple[Path, dict]:

@@ -13,6 +13,7 @@ Helper kernels (flash attention's combine pass) belong to the kernel before them
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass, replace
 from pathlib import Path
 
@@ -56,8 +57,10 @@ class LlamaCppTrace:
 
     @property
     def config_label(self) -> str:
-        """The capture's config name (``<model>-L<layers>_<config>``), else the file's stem."""
-        return str(self.trace.meta.get("config") or self.name.rsplit("_", 1)[-1])
+        """The capture's config name: the meta's, else the ``<config>`` of a file named
+        ``<model>-L<layers>_<config>``, else the file's stem."""
+        m = re.search(r"-L\d+_(.+)$", self.name)
+        return str(self.trace.meta.get("config") or (m.group(1) if m else self.name))
 
     def config(self):
         return preset(self.model, layers=self.layers, context=self.context)
