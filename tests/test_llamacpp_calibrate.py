@@ -137,3 +137,23 @@ def test_plan_of_a_trace_matches_the_recorded_meta():
     t = read_traces(TRACES)[0]
     cfg = preset(t.model, layers=t.layers, context=t.context)
     assert plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos)).launches
+
+
+def test_fidelity_report_against_llamacpp_runs_on_the_committed_traces(tmp_path):
+    """The report's mechanics on a made-up measured file (its numbers are test inputs, not data)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sim_fidelity import report_llamacpp
+
+    p = tmp_path / "peer.jsonl"
+    p.write_text("\n".join(json.dumps({"tool": "llamacpp", "model": "llama-3.2-1b (2 layers)", "config": c, "us": us})
+                           for c, us in (("pdl0", [600.0, 610.0]), ("default", [590.0]), ("graph_opt", [620.0]),
+                                         ("no_graphs_pdl0", [900.0]), ("bogus", [1.0]))) + "\n")
+    res = report_llamacpp(p, TRACES, None, set(), tmp_path, tokens=3, start_pos=448, context=512)
+    df, kn = res["rows"], res["knobs"]
+    assert sorted(df["strategy"]) == ["default", "graph_opt", "no_graphs_pdl0", "pdl0"]  # unknown configs dropped
+    assert set(kn["knob"]) >= {"PDL under graphs", "CUDA graphs (PDL off)"}
+    md = (tmp_path / "sim_fidelity_llamacpp_h200.md").read_text()
+    assert "**Acceptance**" in md and f"of {len(df)} cells" in md
+    assert res["calibration"].executor == "llamacpp"

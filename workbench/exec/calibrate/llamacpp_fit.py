@@ -60,24 +60,35 @@ def model_key(model: str, layers: int | None = None) -> tuple[str, int]:
     return name, int(layers or preset(name).n_layer)
 
 
-def read_measured(path: Path | None) -> dict[tuple[str, int, str], float]:
-    """Untraced llama.cpp us/token by (preset, layers, config) from ``llamacpp_peer.py --jsonl``
-    records: the median of every repetition of the ``llamacpp`` tool's records (``llama-bench``'s
-    where the backend has none); {} without a file."""
-    if path is None:
-        return {}
-    per: dict[str, dict[tuple[str, int, str], list[float]]] = {"llamacpp": {}, "llama-bench": {}}
+def measured_table(path: Path) -> pd.DataFrame:
+    """Untraced llama.cpp us/token from ``llamacpp_peer.py --jsonl`` records, one row per
+    (preset, layers, config): the median and min..max of every repetition of the ``llamacpp``
+    tool's records (``llama-bench``'s where the backend has none), and which tool it is."""
+    per: dict[tuple[str, str, int, str], list[float]] = {}
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
         r = json.loads(line)
-        if r.get("tool") not in per or r.get("us") is None:
+        if r.get("tool") not in ("llamacpp", "llama-bench") or r.get("us") is None:
             continue
         us = r["us"] if isinstance(r["us"], list) else [r["us"]]
-        per[r["tool"]].setdefault((*model_key(str(r["model"])), str(r["config"])), []).extend(map(float, us))
-    out = {k: float(np.median(v)) for k, v in per["llama-bench"].items() if v}
-    out.update({k: float(np.median(v)) for k, v in per["llamacpp"].items() if v})
-    return out
+        per.setdefault((r["tool"], *model_key(str(r["model"])), str(r["config"])), []).extend(map(float, us))
+    rows = {}
+    for (tool, model, layers, config), us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
+        if us:  # llamacpp rows come last and replace llama-bench's
+            rows[(model, layers, config)] = {"model": model, "layers": layers, "config": config, "tool": tool,
+                                             "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
+                                             "us_max": float(np.max(us))}
+    return pd.DataFrame(list(rows.values()), columns=["model", "layers", "config", "tool", "us_per_token", "us_min",
+                                                      "us_max"])
+
+
+def read_measured(path: Path | None) -> dict[tuple[str, int, str], float]:
+    """Median untraced us/token by (preset, layers, config) (``measured_table``); {} without a file."""
+    if path is None:
+        return {}
+    t = measured_table(path)
+    return {(r.model, int(r.layers), r.config): r.us_per_token for r in t.itertuples()}
 
 
 def cupti_kernel_ns(traces: Iterable[LlamaCppTrace], measured: Mapping[tuple[str, int, str], float]) -> float:
