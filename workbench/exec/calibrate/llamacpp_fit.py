@@ -43,6 +43,8 @@ from .tables import nan_median
 
 #: host profile the fit writes (and the file's default)
 PROFILE = "llama.cpp"
+#: fixed-point steps of the token-overhead fit (``host_residuals``)
+RESIDUAL_STEPS = 4
 #: CUDA API name -> host cost field it measures
 API_FIELDS = {"cudaGraphLaunch": "graph_launch_ns", "cudaLaunchKernel": "launch_ns",
               "cudaLaunchKernelExC": "launch_pdl_ns", "cudaMemcpyAsync": "memcpy_async_ns",
@@ -212,6 +214,82 @@ def device_gaps(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
     return out
 
 
+def token_span_us(t: LlamaCppTrace) -> float:
+    """A traced token's time inside llama_decode, median over its tokens: its marker's start to
+    the return of its last CUDA call (the marker outlasts it by the tracer's own work, and the
+    run's us/token by CUPTI's buffer handling between tokens)."""
+    ev = t.trace.events
+    spans = []
+    for _, g in ev[ev["token"] >= 0].groupby("token"):
+        mk, calls = g[g["kind"] == "marker"], g[g["kind"].isin(["api", "sync"])]
+        if len(mk) and len(calls):
+            spans.append(float(calls["end_ns"].max() - mk["start_ns"].min()) / 1e3)
+    return nan_median(spans)
+
+
+def simulated_us(t: LlamaCppTrace, cal: Calibration) -> tuple[float, float]:
+    """(us/token, launches/token) the simulator predicts for the run of trace ``t`` under ``cal``."""
+    from ...api import run
+
+    r = run(t.config(), t.strategy, tokens=max(2, len(t.trace.tokens())), backend="sim", start_pos=t.start_pos,
+            calibration=cal, quiet=True)
+    return float(r.stats["us_per_token"]), float(r.stats["launches_per_token"])
+
+
+def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
+                   measured: Mapping[tuple[str, int, str], float]) -> dict[str, tuple[float, str]]:
+    """The host work the API medians miss, fitted with the simulator in the loop: under CUDA
+    graphs, ``token_overhead_ns`` = median over the traces of (target - predicted with no token
+    overhead); launched one by one, ``launch_ns`` and ``launch_pdl_ns`` grow by the median of
+    what is left per launch. The target is the untraced us/token of ``measured`` where it has
+    the run (what the fidelity report compares), else the traced token's span (``token_span_us``)."""
+    prof = cal["host_profiles"][PROFILE]
+    out: dict[str, tuple[float, str]] = {}
+    targets, what = {}, set()
+    for t in traces:
+        us = measured.get((*model_key(t.model, t.layers), t.config_label))
+        what.add("untraced us/token (llamacpp_peer.py)" if us is not None else "traced token spans")
+        target = us if us is not None else token_span_us(t)
+        if target == target:
+            targets[t.name] = target
+    graph = [t for t in traces if t.strategy.graphs and t.name in targets]
+    if graph:
+        # part of the host's time overlaps the device's work, so the overhead does not add one to
+        # one: a few fixed-point steps of overhead += median residual
+        over = 0.0
+        for _ in range(RESIDUAL_STEPS):
+            trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, token_overhead_ns=over)}),
+                                      "llama.cpp fit")
+            res = float(np.median([targets[t.name] - simulated_us(t, trial)[0] for t in graph]))
+            over = max(0.0, over + res * 1e3)
+            if abs(res) < 0.5:
+                break
+        out["token_overhead_ns"] = (over, f"simulator in the loop: the token overhead at which the median over "
+                                          f"{len(graph)} CUDA-graph traces of ({' / '.join(sorted(what))} - "
+                                          f"predicted) is {res:+.1f} us: llama_decode's host work outside CUDA "
+                                          "calls and what the workbench's host program lacks of llama.cpp's "
+                                          "(its per-input syncs)")
+        prof = dict(prof, token_overhead_ns=over)
+    cur = parse_calibration(dict(cal, host_profiles={PROFILE: prof}), "llama.cpp fit")
+    eager = []
+    for t in traces:
+        if t.strategy.graphs:
+            continue
+        if t.name not in targets:
+            continue
+        pred, launches = simulated_us(t, cur)
+        if launches:
+            eager.append((targets[t.name] - pred) * 1e3 / launches)
+    if eager:
+        extra = float(np.median(eager))
+        for fld in ("launch_ns", "launch_pdl_ns"):
+            v = max(0.0, prof[fld] + extra)
+            out[fld] = (v, f"{fld} median of llama.cpp's traced calls ({prof[fld]:.0f} ns) plus the simulator-in-the-"
+                           f"loop residual per launch over {len(eager)} eager traces ({extra:+.0f} ns: ggml's "
+                           "per-node host work between launches)")
+    return out
+
+
 def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCppTrace]:
     """The traces of models not in ``models`` (the held-out ones stay out of the fit)."""
     held = set(models)
@@ -261,6 +339,9 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     cal["sources"] = src
     cal["default_host_profile"] = PROFILE
     cal["executor"] = "llamacpp"
+    for fld, (v, how) in host_residuals(traces, cal, measured or {}).items():
+        prof[fld] = round(v, 1)
+        src[f"host_profiles.{PROFILE}.{fld}"] = how
     cal["name"] = f"{base.get('name', base.get('gpu'))}, llama.cpp"
     models = sorted({t.model for t in traces})
     cal["measured"] = {
