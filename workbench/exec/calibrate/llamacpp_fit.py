@@ -45,6 +45,8 @@ from .tables import nan_median
 PROFILE = "llama.cpp"
 #: fixed-point steps of the token-overhead fit (``host_residuals``)
 RESIDUAL_STEPS = 4
+#: the values ``pdl_release`` tries (ns; 0: the wait lets go as the predecessor completes)
+PDL_RELEASE_GRID_NS = (0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0)
 #: CUDA API name -> host cost field it measures
 API_FIELDS = {"cudaGraphLaunch": "graph_launch_ns", "cudaLaunchKernel": "launch_ns",
               "cudaLaunchKernelExC": "launch_pdl_ns", "cudaMemcpyAsync": "memcpy_async_ns",
@@ -236,6 +238,20 @@ def simulated_us(t: LlamaCppTrace, cal: Calibration) -> tuple[float, float]:
     return float(r.stats["us_per_token"]), float(r.stats["launches_per_token"])
 
 
+def fit_targets(traces: list[LlamaCppTrace], measured: Mapping[tuple[str, int, str], float]
+                ) -> tuple[dict[str, float], set[str]]:
+    """({trace: us/token the simulator should predict for its run}, what they are): the untraced
+    us/token of ``measured`` where it has the run, else the traced token's span."""
+    targets, what = {}, set()
+    for t in traces:
+        us = measured.get((*model_key(t.model, t.layers), t.config_label))
+        what.add("untraced us/token (llamacpp_peer.py)" if us is not None else "traced token spans")
+        target = us if us is not None else token_span_us(t)
+        if target == target:
+            targets[t.name] = target
+    return targets, what
+
+
 def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
                    measured: Mapping[tuple[str, int, str], float]) -> dict[str, tuple[float, str]]:
     """The host work the API medians miss, fitted with the simulator in the loop: under CUDA
@@ -245,13 +261,7 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
     the run (what the fidelity report compares), else the traced token's span (``token_span_us``)."""
     prof = cal["host_profiles"][PROFILE]
     out: dict[str, tuple[float, str]] = {}
-    targets, what = {}, set()
-    for t in traces:
-        us = measured.get((*model_key(t.model, t.layers), t.config_label))
-        what.add("untraced us/token (llamacpp_peer.py)" if us is not None else "traced token spans")
-        target = us if us is not None else token_span_us(t)
-        if target == target:
-            targets[t.name] = target
+    targets, what = fit_targets(traces, measured)
     graph = [t for t in traces if t.strategy.graphs and t.name in targets]
     if graph:
         # part of the host's time overlaps the device's work, so the overhead does not add one to
@@ -288,6 +298,34 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
                            f"loop residual per launch over {len(eager)} eager traces ({extra:+.0f} ns: ggml's "
                            "per-node host work between launches)")
     return out
+
+
+def pdl_release(traces: list[LlamaCppTrace], cal: dict[str, Any], targets: Mapping[str, float]
+                ) -> tuple[float, str] | None:
+    """``pdl_release_ns`` fitted with the simulator in the loop: CUPTI cannot see when a PDL
+    kernel's ``griddepcontrol.wait`` lets go, but the PDL knob's effect shows what PDL saves.
+    Over pairs of graph traces of one model that differ only in PDL, the grid value whose
+    predicted effects are closest (median absolute difference, points) to the measured ones;
+    None without such a pair."""
+    from dataclasses import replace
+
+    by = {(t.model, t.layers, replace(t.strategy, pdl=False)): t for t in traces if not t.strategy.pdl}
+    pairs = [(by[(t.model, t.layers, replace(t.strategy, pdl=False))], t) for t in traces
+             if t.strategy.pdl and t.strategy.graphs and (t.model, t.layers, replace(t.strategy, pdl=False)) in by]
+    pairs = [(a, b) for a, b in pairs if a.name in targets and b.name in targets]
+    if not pairs:
+        return None
+    measured = [100 * (targets[a.name] / targets[b.name] - 1) for a, b in pairs]
+    best = (np.inf, 0.0)
+    for v in PDL_RELEASE_GRID_NS:
+        trial = parse_calibration(dict(cal, device=dict(cal["device"], pdl_release_ns=v)), "llama.cpp fit")
+        pred = [100 * (simulated_us(a, trial)[0] / simulated_us(b, trial)[0] - 1) for a, b in pairs]
+        err = float(np.median(np.abs(np.subtract(pred, measured))))
+        best = min(best, (err, v))
+    err, v = best
+    return v, (f"simulator in the loop: the value of {list(PDL_RELEASE_GRID_NS)} ns whose predicted PDL effects "
+               f"(graphs without / with PDL, {len(pairs)} model(s)) come closest to llama.cpp's measured ones "
+               f"(median difference {err:.2f} points); CUPTI does not record griddepcontrol.wait's release")
 
 
 def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCppTrace]:
@@ -342,6 +380,9 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     for fld, (v, how) in host_residuals(traces, cal, measured or {}).items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
+    pdl = pdl_release(traces, cal, fit_targets(traces, measured or {})[0])
+    if pdl is not None:
+        cal["device"]["pdl_release_ns"], src["device.pdl_release_ns"] = pdl
     cal["name"] = f"{base.get('name', base.get('gpu'))}, llama.cpp"
     models = sorted({t.model for t in traces})
     cal["measured"] = {
