@@ -48,7 +48,9 @@ def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fit
     src = fitted["sources"]
     assert "CUPTI" in src["host_profiles.llama.cpp.graph_launch_ns"]
     assert "llama.cpp" in src["device.dependency_gap_ns"]
-    assert src["device.pdl_release_ns"].startswith("from the h200 base calibration")
+    assert src["device.pdl_prologue_ns"].startswith("from the h200 base calibration")
+    assert "simulator in the loop" in src["device.pdl_release_ns"]
+    assert "simulator in the loop" in src["host_profiles.llama.cpp.token_overhead_ns"]
 
 
 def test_kernels_match_plan_nodes_of_llamacpps_schedule():
