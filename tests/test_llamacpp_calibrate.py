@@ -159,3 +159,32 @@ def test_fidelity_report_against_llamacpp_runs_on_the_committed_traces(tmp_path)
     md = (tmp_path / "sim_fidelity_llamacpp_h200.md").read_text()
     assert "**Acceptance**" in md and f"of {len(df)} cells" in md
     assert res["calibration"].executor == "llamacpp"
+
+
+def test_fit_recovers_the_simulators_own_kernel_costs(tmp_path):
+    """Round trip on MoE and GDN shapes: the simulator's timelines under the llama.cpp calibration,
+    dressed as llamacpp traces (op and family per kernel), fit back to kernel costs that predict
+    every kernel (the matching and the fit are right where the truth is known)."""
+    import dataclasses
+
+    from workbench.trace import Trace
+    from workbench.trace.io import save_trace
+
+    for model in ("qwen3-30b-a3b", "qwen3-next-80b-a3b"):
+        for config, s in (("pdl0", Strategy(graphs=True, fusion=FUSED)), ("no_graphs_pdl0", Strategy(fusion=FUSED))):
+            r = workbench.run(model, s, tokens=3, backend="sim", layers=2, context=512, start_pos=448,
+                              gpu="h200-llamacpp", quiet=True)
+            nodes = {la.node.name: la.node for p in r.meta["plans"] for la in p.launches}
+            ev = r.trace.events.copy()
+            ev["family"] = [nodes[n].family if n in nodes else "" for n in ev["node"]]
+            ev["op"] = [nodes[n].op if n in nodes else "" for n in ev["node"]]
+            knobs = {f.name: sorted(v) if isinstance(v, frozenset) else v
+                     for f in dataclasses.fields(s) for v in [getattr(s, f.name)]}
+            meta = dict(r.trace.meta, backend="llamacpp", model=model, layers=2, context=512, start_pos=448,
+                        strategy_knobs=knobs, config=config, gpu_name="NVIDIA H200")
+            save_trace(Trace(ev, meta), tmp_path / f"{model}-L2_{config}.parquet")
+    cal = fit_folder(tmp_path, json.loads((CALIBRATION_DIR / "h200.json").read_text()))
+    fits = cal["measured"]["op_fits"]
+    assert {"MUL_MAT_ID_GLU", "TOPK_MOE", "GATED_DELTA_NET", "SSM_CONV"} <= {f["op"] for f in fits}
+    assert max(f["median_rel_err"] for f in fits) < 0.01
+    assert not cal["measured"]["unmatched"]

@@ -102,6 +102,10 @@ def read_traces(folder: Path) -> list[LlamaCppTrace]:
         if m.get("backend") != "llamacpp":
             raise TraceFolderError(f"{p}: a trace of backend {m.get('backend')!r}, not llamacpp; the llama.cpp fit "
                                    "reads only traces recorded through the llamacpp backend")
+        cols = [c for c in ("op", "family") if c not in tr.events.columns]
+        if cols:
+            raise TraceFolderError(f"{p}: events lack the {cols} column(s) the llamacpp backend writes (each kernel's "
+                                   "ggml op and family); re-record it with benchmarks/llamacpp_capture.py")
         missing = [k for k in ("model", "context", "start_pos") if k not in m]
         if missing:
             raise TraceFolderError(f"{p}: meta lacks {missing}; re-record it with benchmarks/llamacpp_capture.py")
