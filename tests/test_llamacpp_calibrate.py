@@ -188,3 +188,18 @@ def test_fit_recovers_the_simulators_own_kernel_costs(tmp_path):
     assert {"MUL_MAT_ID_GLU", "TOPK_MOE", "GATED_DELTA_NET", "SSM_CONV"} <= {f["op"] for f in fits}
     assert max(f["median_rel_err"] for f in fits) < 0.01
     assert not cal["measured"]["unmatched"]
+
+
+def test_untraced_measurements_lower_what_tracing_inflates():
+    """Given untraced us/token below what the traced host calls allow (values made up for the
+    test), the token overhead goes to 0 and the traced graph launch comes down."""
+    from workbench.exec.calibrate.llamacpp_fit import fit
+
+    traces = read_traces(TRACES)
+    measured = {("llama-3.2-1b", 2, t.config_label): 300.0 for t in traces}
+    cal = fit(traces, json.loads((CALIBRATION_DIR / "h200.json").read_text()), measured)
+    prof, src = cal["host_profiles"]["llama.cpp"], cal["sources"]
+    assert prof["token_overhead_ns"] == 0
+    assert "lowered" in src["host_profiles.llama.cpp.graph_launch_ns"]
+    assert cal["measured"]["cupti_kernel_ns"] == 0  # one kernel count: no slope to fit
+    parse_calibration(cal, "fit")

@@ -95,21 +95,29 @@ def read_measured(path: Path | None) -> dict[tuple[str, int, str], float]:
     return {(r.model, int(r.layers), r.config): r.us_per_token for r in t.itertuples()}
 
 
-def cupti_kernel_ns(traces: Iterable[LlamaCppTrace], measured: Mapping[tuple[str, int, str], float]) -> float:
-    """What CUPTI adds per kernel under graph replay: median over the graph traces with an
-    untraced us/token of (traced - untraced us/token) / kernels per token (0 without any)."""
-    per = []
+def cupti_from_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any], measured_targets: Mapping[str, float]
+                         ) -> tuple[float, str]:
+    """What CUPTI adds per kernel: the traced durations the kernel fit used include it, the
+    untraced us/token of ``llamacpp_peer.py`` do not. Over the CUDA-graph traces with an untraced
+    us/token, the residual (untraced - predicted without token overhead) is fitted as ``a + b x
+    kernels per token``; ``-b`` is the per-kernel excess (0 where the traces do not span at least
+    two kernel counts, or where ``b`` is not negative)."""
+    zero = parse_calibration(dict(cal, host_profiles={PROFILE: dict(cal["host_profiles"][PROFILE],
+                                                                     token_overhead_ns=0.0)}), "llama.cpp fit")
+    n, r = [], []
     for t in traces:
-        us = measured.get((*model_key(t.model, t.layers), t.config_label))
-        traced = t.trace.meta.get("us_per_token")
-        if us is None or traced is None or not t.strategy.graphs:
+        if not t.strategy.graphs or t.name not in measured_targets:
             continue
-        ev = t.trace.events
-        k = ev[(ev["kind"] == "kernel") & (ev["token"] >= 0)]
-        n = len(k) / max(1, k["token"].nunique())
-        per.append((float(traced) - us) * 1e3 / max(n, 1.0))
-    v = nan_median(per)
-    return v if v > 0 else 0.0
+        k = t.trace.events
+        k = k[(k["kind"] == "kernel") & (k["token"] >= 0)]
+        n.append(len(k) / max(1, k["token"].nunique()))
+        r.append(measured_targets[t.name] - simulated_us(t, zero)[0])
+    if len(set(np.round(n))) < 2 or len(n) < 3:
+        return 0.0, f"0: fewer than two kernel counts among {len(n)} CUDA-graph traces with untraced us/token"
+    slope, icpt = np.polyfit(n, r, 1)
+    v = max(0.0, -float(slope) * 1e3)
+    return v, (f"{v:.0f} ns: minus the slope of (untraced us/token - predicted) over kernels per token across "
+               f"{len(n)} CUDA-graph traces ({icpt:+.1f} us + {slope * 1e3:+.0f} ns per kernel)")
 
 
 def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float
@@ -280,6 +288,18 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
                                           "calls and what the workbench's host program lacks of llama.cpp's "
                                           "(its per-input syncs)")
         prof = dict(prof, token_overhead_ns=over)
+        if over == 0 and res < -0.5:  # predicted slower with no overhead: traced API calls overstate the host
+            traced = prof["graph_launch_ns"]
+            for _ in range(RESIDUAL_STEPS):
+                prof["graph_launch_ns"] = max(0.1 * traced, prof["graph_launch_ns"] + res * 1e3)
+                trial = parse_calibration(dict(cal, host_profiles={PROFILE: prof}), "llama.cpp fit")
+                res = float(np.median([targets[t.name] - simulated_us(t, trial)[0] for t in graph]))
+                if abs(res) < 0.5 or prof["graph_launch_ns"] <= 0.1 * traced:
+                    break
+            out["graph_launch_ns"] = (prof["graph_launch_ns"], f"the median of traced cudaGraphLaunch calls "
+                                      f"({traced:.0f} ns) lowered, with the simulator in the loop, until the "
+                                      f"CUDA-graph traces' median residual is {res:+.1f} us (at least a tenth of "
+                                      "the traced value): CUPTI's graph-launch callbacks inflate the traced call")
     cur = parse_calibration(dict(cal, host_profiles={PROFILE: prof}), "llama.cpp fit")
     eager = []
     for t in traces:
@@ -334,6 +354,28 @@ def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCp
     return [t for t in traces if t.model not in held]
 
 
+def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal: Calibration, base: dict[str, Any],
+                     cupti: float) -> tuple[pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
+    """Write the kernel fits into ``cal`` (ops and families; the base's ops llama.cpp's traces
+    lack stay, its op/kernel fits of the cuda executor's kernels go)."""
+    min_fixed = base_cal.pdl_prologue_ns + base_cal.pdl_first_read_setup_ns
+    ops, fams, used, unmatched, op_rep, fam_rep = kernel_fits(traces, base_cal, cupti, min_fixed)
+    src = cal["sources"]
+    cal["ops"] = copy.deepcopy(base.get("ops", {}))
+    cal["families"] = copy.deepcopy(base.get("families", {}))
+    fitted_ops = {o.split("/")[0] for o in ops}
+    for k in [k for k in cal["ops"] if "/" in k or k.split("/", 1)[0] in fitted_ops]:
+        del cal["ops"][k]
+        for f in ("fixed_ns", "work_scale"):
+            src.pop(f"ops.{k}.{f}", None)
+    for section, fits in (("ops", ops), ("families", fams)):
+        for name, (vals, how) in fits.items():
+            cal[section][name] = vals
+            for f in vals:
+                src[f"{section}.{name}.{f}"] = how
+    return used, unmatched, op_rep, fam_rep
+
+
 def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
         measured: Mapping[tuple[str, int, str], float] | None = None,
         log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
@@ -341,63 +383,55 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack)."""
     if not traces:
         raise TraceFolderError("no trace left to fit (every trace held out?)")
+    measured = measured or {}
     base_cal = parse_calibration(base, "base calibration")
     cal = copy.deepcopy(base)
-    src = cal["sources"]
     base_name = f"{base.get('gpu', '?')} base calibration"
-    for k in list(src):  # inherited numbers say so
-        src[k] = f"from the {base_name} (not observable in llama.cpp's timelines): {src[k]}"
-    cupti = cupti_kernel_ns(traces, measured or {})
-    min_fixed = base_cal.pdl_prologue_ns + base_cal.pdl_first_read_setup_ns
-    ops, fams, used, unmatched, op_rep, fam_rep = kernel_fits(traces, base_cal, cupti, min_fixed)
-    # the base's op/kernel fits name the cuda executor's kernels: meaningless for llama.cpp's
-    for k in [k for k in cal.get("ops", {}) if "/" in k or k in ops or k.split("/", 1)[0] in {o.split("/")[0]
-                                                                                              for o in ops}]:
-        del cal["ops"][k]
-        for f in ("fixed_ns", "work_scale"):
-            src.pop(f"ops.{k}.{f}", None)
-    for section, fits in (("ops", ops), ("families", fams)):
-        cal.setdefault(section, {})
-        for name, (vals, how) in fits.items():
-            cal[section][name] = vals
-            for f in vals:
-                src[f"{section}.{name}.{f}"] = how
+    src = {k: f"from the {base_name} (not observable in llama.cpp's timelines): {v}"  # inherited numbers say so
+           for k, v in base["sources"].items() if not k.startswith("host_profiles.")}
+    cal["sources"] = src
     prof = dict(cal["host_profiles"].get(PROFILE) or cal["host_profiles"][cal["default_host_profile"]])
+    was = PROFILE if PROFILE in base["host_profiles"] else base["default_host_profile"]
+    for fld in prof:
+        src[f"host_profiles.{PROFILE}.{fld}"] = (f"from the {base_name}'s {was} profile: "
+                                                 f"{base['sources'].get(f'host_profiles.{was}.{fld}', '')}")
     for fld, (v, how) in host_costs(traces).items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
-    for fld in prof:
-        src.setdefault(f"host_profiles.{PROFILE}.{fld}", f"from the {base_name}'s {PROFILE} profile")
     cal["host_profiles"] = {PROFILE: prof}
-    mine = f"host_profiles.{PROFILE}."
-    src = {k: v for k, v in src.items() if not k.startswith("host_profiles.") or k.startswith(mine)}
+    cal["default_host_profile"] = PROFILE
+    cal["executor"] = "llamacpp"
     for fld, (v, how) in device_gaps(traces).items():
         cal["device"][fld] = round(v, 1)
         src[f"device.{fld}"] = how
-    cal["sources"] = src
-    cal["default_host_profile"] = PROFILE
-    cal["executor"] = "llamacpp"
-    for fld, (v, how) in host_residuals(traces, cal, measured or {}).items():
+    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, 0.0)
+    targets, _ = fit_targets(traces, measured)
+    untraced = {t.name: targets[t.name] for t in traces
+                if (*model_key(t.model, t.layers), t.config_label) in measured}
+    cupti, cupti_how = cupti_from_residuals(traces, cal, untraced) if untraced else (0.0, "0: no untraced us/token")
+    if cupti > 0:
+        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti)
+    for fld, (v, how) in host_residuals(traces, cal, measured).items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
-    pdl = pdl_release(traces, cal, fit_targets(traces, measured or {})[0])
+    pdl = pdl_release(traces, cal, targets)
     if pdl is not None:
         cal["device"]["pdl_release_ns"], src["device.pdl_release_ns"] = pdl
     cal["name"] = f"{base.get('name', base.get('gpu'))}, llama.cpp"
     models = sorted({t.model for t in traces})
+    per_tok = unmatched.groupby(["trace", "family"]).agg(ns=("exposed_ns", "sum"), tokens=("token", "nunique"))
     cal["measured"] = {
         "target": "llamacpp", "traces": [t.name for t in traces], "models": models, "cupti_kernel_ns": cupti,
-        "kernels_fitted": int(len(used)), "op_fits": op_rep, "family_fits": fam_rep,
-        "unmatched": (unmatched.groupby(["trace", "family"])["exposed_ns"].sum()
-                      / unmatched.groupby(["trace", "family"])["token"].nunique()).round(0).reset_index(
-                          name="exposed_ns_per_token").to_dict("records") if len(unmatched) else [],
+        "cupti_kernel_how": cupti_how, "kernels_fitted": int(len(used)), "op_fits": op_rep, "family_fits": fam_rep,
+        "unmatched": [{"trace": tr, "family": fam, "exposed_ns_per_token": round(float(r.ns / r.tokens))}
+                      for (tr, fam), r in per_tok.iterrows()],
     }
     try:
         parse_calibration(cal, "fitted llama.cpp calibration")
     except CalibrationError as e:  # a bug of this fit, not of the user's input
         raise RuntimeError(f"the llama.cpp fit wrote an unusable calibration: {e}") from e
     log(f"llama.cpp fit: {len(traces)} traces of {', '.join(models)}; {len(used)} kernels fitted, "
-        f"{len(ops)} ops (or op/kernel pairs), {len(fams)} families; CUPTI {cupti:.0f} ns/kernel")
+        f"{len(cal['ops'])} ops (or op/kernel pairs), {len(cal['families'])} families; CUPTI per kernel {cupti_how}")
     return cal
 
 
