@@ -58,7 +58,8 @@ def record(cap: Capture, out_dir: Path, suffix: str = ".parquet") -> tuple[Path,
                                            options=LlamaCppOptions()))
     ev = run.trace.events
     ev = ev[ev["token"] >= 0].reset_index(drop=True)
-    meta = dict(run.trace.meta, recipe=cap.stem, config=cap.config, model=cap.model, layers=cap.layers,
+    meta = dict(run.trace.meta, recipe=cap.stem, config=cap.config, model=cap.model,
+                layers=cap.layers or run.trace.meta.get("layers"),
                 tokens=cap.tokens, context=cap.context, start_pos=cap.start_pos, device=run.device,
                 system_info=run.meta.get("system_info", ""), us_per_token=run.stats["us_per_token"])
     path = save_trace(Trace(ev, meta), Path(out_dir) / f"{cap.stem}{suffix}")

@@ -85,10 +85,13 @@ def strategy_of(meta: dict, origin: str) -> Strategy:
     if not isinstance(knobs, dict):
         raise TraceFolderError(f"{origin}: meta has no strategy_knobs; it was not recorded through the llamacpp "
                                "backend with trace=True (benchmarks/llamacpp_capture.py)")
-    knobs = dict(knobs)
-    for k in ("fusion", "pdl_families"):
-        knobs[k] = frozenset(knobs.get(k) or ())
-    return Strategy(**knobs)
+    knobs = dict(knobs)  # as Strategy.to_dict writes them: lists for the sets
+    knobs["fusion"] = frozenset(knobs.get("fusion") or ())
+    knobs["pdl_families"] = frozenset(tuple(x) if isinstance(x, list) else x for x in knobs.get("pdl_families") or ())
+    try:
+        return Strategy(**knobs)
+    except (TypeError, ValueError) as e:
+        raise TraceFolderError(f"{origin}: strategy_knobs {knobs} is not a Strategy ({e})") from None
 
 
 def read_traces(folder: Path) -> list[LlamaCppTrace]:
