@@ -51,6 +51,16 @@ def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fit
     assert src["device.pdl_prologue_ns"].startswith("from the h200 base calibration")
     assert "simulator in the loop" in src["device.pdl_release_ns"]
     assert "simulator in the loop" in src["host_profiles.llama.cpp.token_overhead_ns"]
+    assert "GGML_CUDA_GRAPH_OPT" in src["host_profiles.llama.cpp.graph_stream_ns"]
+
+
+def test_shipped_calibration_predicts_the_recorded_runs_in_sample():
+    """In-sample check of the shipped file (fitted on these recordings): each run within 5 %."""
+    from workbench.exec.calibrate.llamacpp_fit import simulated_us, token_span_us
+
+    cal = load_calibration("h200-llamacpp")
+    for t in read_traces(TRACES):
+        assert simulated_us(t, cal)[0] == pytest.approx(token_span_us(t), rel=0.05), t.name
 
 
 def test_kernels_match_plan_nodes_of_llamacpps_schedule():

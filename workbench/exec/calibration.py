@@ -47,6 +47,10 @@ class HostCosts:
     #: host work per token outside any CUDA call (input values, staging, reading the logits);
     #: optional in the file (0 where a profile does not give it)
     token_overhead_ns: float = 0.0
+    #: host work per graph launch per stream beyond the first (a multi-stream graph: llama.cpp's
+    #: GGML_CUDA_GRAPH_OPT reorders and forks the graph on the host every token, and its launch
+    #: grows with the branches); optional (0 where a profile does not give it)
+    graph_stream_ns: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -169,7 +173,7 @@ _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
                                     "ops", "executor", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
-_OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
+_OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns"}
 _FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]
 
 

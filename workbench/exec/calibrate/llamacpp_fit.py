@@ -36,8 +36,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...strategy.steps import plan_for
 from ..calibration import Calibration, CalibrationError, parse_calibration
 from .kernel_fit import MIN_OP_KERNELS, fit_groups
+from .llamacpp_schedule import llamacpp_strategy
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
 from .tables import nan_median
 
@@ -224,6 +226,43 @@ def device_gaps(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
     return out
 
 
+def prelaunch_us(t: LlamaCppTrace) -> float:
+    """A graph token's host time up to its graph launch's return (marker start to the end of
+    ``cudaGraphLaunch``), median over its tokens."""
+    ev = t.trace.events
+    spans = []
+    for _, g in ev[ev["token"] >= 0].groupby("token"):
+        mk, gl = g[g["kind"] == "marker"], g[g["name"] == "cudaGraphLaunch"]
+        if len(mk) and len(gl):
+            spans.append(float(gl["end_ns"].max() - mk["start_ns"].min()) / 1e3)
+    return nan_median(spans)
+
+
+def graph_stream_cost(traces: list[LlamaCppTrace]) -> tuple[float, str] | None:
+    """``graph_stream_ns``: over pairs of graph traces of one model that differ only in Q/K/V
+    streams (GGML_CUDA_GRAPH_OPT), the extra host time up to the graph launch's return per
+    stream the multi-stream Plan adds; None without such a pair."""
+    from dataclasses import replace
+
+    single = {(t.model, t.layers, t.strategy): t for t in traces
+              if t.strategy.graphs and t.strategy.streams == "single"}
+    per = []
+    for t in traces:
+        a = single.get((t.model, t.layers, replace(t.strategy, streams="single")))
+        if a is None or t.strategy.streams == "single" or not t.strategy.graphs:
+            continue
+        cfg = t.config()
+        extra = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos)).n_streams - 1
+        d = prelaunch_us(t) - prelaunch_us(a)
+        if extra > 0 and d == d:
+            per.append(max(0.0, d * 1e3 / extra))
+    if not per:
+        return None
+    return float(np.median(per)), (f"median over {len(per)} pairs of CUDA-graph traces without / with "
+                                   "GGML_CUDA_GRAPH_OPT of the extra host time up to cudaGraphLaunch's return per "
+                                   "stream the Plan adds (llama.cpp reorders and forks the graph every token)")
+
+
 def token_span_us(t: LlamaCppTrace) -> float:
     """A traced token's time inside llama_decode, median over its tokens: its marker's start to
     the return of its last CUDA call (the marker outlasts it by the tracer's own work, and the
@@ -395,7 +434,8 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     for fld in prof:
         src[f"host_profiles.{PROFILE}.{fld}"] = (f"from the {base_name}'s {was} profile: "
                                                  f"{base['sources'].get(f'host_profiles.{was}.{fld}', '')}")
-    for fld, (v, how) in host_costs(traces).items():
+    fork = graph_stream_cost(traces)
+    for fld, (v, how) in {**host_costs(traces), **({"graph_stream_ns": fork} if fork else {})}.items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
     cal["host_profiles"] = {PROFILE: prof}
