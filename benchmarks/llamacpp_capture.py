@@ -10,9 +10,14 @@ this build cannot run is reported and skipped. Then ``--out-dir`` is packed into
 ``<out-dir>.tar`` (the GPU machine returns few files) with a ``captures.jsonl`` listing each
 capture (traced us/token, switches, or the error).
 
-Usage on the GPU machine (``WORKBENCH_LLAMACPP`` = a CUDA build)::
+Usage on the GPU machine (``WORKBENCH_LLAMACPP`` = a CUDA build); the folder on a path that
+survives between calls of a warm machine, the bundle where the call's files come back from::
 
-    python benchmarks/llamacpp_capture.py --out-dir $OUT/llamacpp_h200 --budget-s 540
+    python benchmarks/llamacpp_capture.py --out-dir /tmp/lcap/llamacpp_h200 --tar $OUT/llamacpp_h200.tar \
+        --budget-s 480
+
+then, anywhere: ``tar xf llamacpp_h200.tar`` and ``workbench calibrate --target llamacpp
+--from-traces llamacpp_h200 --measured peer.jsonl``.
 """
 
 from __future__ import annotations
@@ -46,9 +51,10 @@ def captures(models: list[str], configs: list[str], tokens: int) -> list[Capture
     return out
 
 
-def bundle(out_dir: Path) -> Path:
-    """``out_dir`` as one uncompressed tar beside it (Parquet is compressed already)."""
-    tar = out_dir.with_suffix(".tar")
+def bundle(out_dir: Path, tar: Path | None = None) -> Path:
+    """``out_dir`` as one uncompressed tar (Parquet is compressed already), beside it by default."""
+    tar = tar or out_dir.with_suffix(".tar")
+    tar.parent.mkdir(parents=True, exist_ok=True)
     with tarfile.open(tar, "w") as tf:
         tf.add(out_dir, arcname=out_dir.name)
     return tar
@@ -63,6 +69,8 @@ def main() -> int:
     p.add_argument("--out-dir", required=True, type=Path)
     p.add_argument("--tokens", type=int, default=TOKENS, help=f"timed tokens per capture (default {TOKENS})")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting captures after this many seconds")
+    p.add_argument("--tar", type=Path, help="where to write the bundle (default <out-dir>.tar); e.g. $OUT/x.tar "
+                                            "with --out-dir on a path that survives between calls")
     p.add_argument("--no-tar", action="store_true", help="leave the folder unbundled")
     args = p.parse_args()
     configs = [c for c in args.configs.split(",") if c]
@@ -93,7 +101,7 @@ def main() -> int:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
     if not args.no_tar:
-        print(f"bundled {bundle(args.out_dir)}", flush=True)
+        print(f"bundled {bundle(args.out_dir, args.tar)}", flush=True)
     return rc
 
 
