@@ -4,6 +4,7 @@ timelines (``data/traces/llamacpp/``), the calibration it writes, and the simula
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -213,3 +214,25 @@ def test_untraced_measurements_lower_what_tracing_inflates():
     assert "lowered" in src["host_profiles.llama.cpp.graph_launch_ns"]
     assert cal["measured"]["cupti_kernel_ns"] == 0  # one kernel count: no slope to fit
     parse_calibration(cal, "fit")
+
+
+def test_capture_script_names_and_bundles(tmp_path):
+    """benchmarks/llamacpp_capture.py on CPU: its file names are what the fit reads back, the
+    peer benchmark's configs are reused, and the bundle is one tar."""
+    import sys
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import llamacpp_capture as cap
+    from llamacpp_peer import CONFIGS
+
+    caps = cap.captures(["llama-3.2-1b", "qwen3-30b-a3b:8"], ["default", "graph_opt"], 6)
+    assert [c.stem for c in caps] == ["llama-3.2-1b-L16_default", "llama-3.2-1b-L16_graph_opt",
+                                      "qwen3-30b-a3b-L8_default", "qwen3-30b-a3b-L8_graph_opt"]
+    assert caps[1].strategy == CONFIGS["graph_opt"][0] and caps[0].start_pos == 448 and caps[0].context == 512
+    assert set(cap.PLAIN_CONFIGS) <= set(CONFIGS) and "sync_boundary" not in cap.PLAIN_CONFIGS
+    d = tmp_path / "llamacpp_h200"
+    shutil.copytree(TRACES, d)
+    tar = cap.bundle(d, tmp_path / "out" / "b.tar")
+    with tarfile.open(tar) as tf:
+        assert "llamacpp_h200/llama-3.2-1b-L2_graphs.json.gz" in tf.getnames()
