@@ -2,25 +2,30 @@
 from CUPTI timelines of llama.cpp (``llamacpp_traces``), written as
 ``data/calibration/<gpu>-llamacpp.json``.
 
-Three parts, each from what the timelines show:
+What the timelines show directly:
 
 * **kernels**: ``fixed_ns + work_scale x roofline`` per ggml op on llama.cpp's kernel for it
   (``OP/kernel``, the kernel named as ``cost.kernel_name`` names llama.cpp's kernels), per op,
   and per kernel family, by ``kernel_fit.fit_groups`` (the cuda target's fit) on the nodes
   matched to llama.cpp's kernels. Durations come from the traces without PDL where the folder
   has them (a PDL kernel starts early and waits, which the simulator models apart); a kernel's
-  time is what it adds to its stream (``exposed_ns``), less what CUPTI adds per kernel when
-  untraced us/token are given (``measured``). Ops llama.cpp's traces do not show keep the
-  base calibration's op and family fits.
+  time is what it adds to its stream (``exposed_ns``). Ops llama.cpp's traces do not show keep
+  the base calibration's op and family fits.
 * **host** (profile ``llama.cpp``): medians of llama.cpp's CUDA API calls (graph launch,
   kernel launch, async copy, event record / wait), a synchronize that finds its stream idle
-  (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``); the host work of
-  a token outside CUDA calls (``token_overhead_ns``: llama_decode's graph build, scheduling and
-  graph-update checks) is the token's span less its API calls, under CUDA graphs.
+  (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``); GRAPH_OPT's extra
+  host time per forked stream (``graph_stream_ns``, pairs of traces without / with it).
 * **device gaps**: between stream-ordered graph kernels without PDL (``dependency_gap_ns``)
-  and from ``cudaGraphLaunch``'s return to the graph's first kernel
-  (``graph_launch_latency_ns``). PDL's overlap parameters are not observable in a timeline
-  (``griddepcontrol.wait`` leaves no record) and stay the base calibration's probe values.
+  and from ``cudaGraphLaunch``'s return to the graph's first kernel (``graph_launch_latency_ns``).
+
+What the timelines cannot show, fitted with the simulator in the loop against the us/token of
+each run (untraced ones from ``llamacpp_peer.py --jsonl`` where given, else the traced token's
+span in llama_decode): CUPTI's per-kernel excess (slope of the residuals over kernel counts),
+the host work of a token outside CUDA calls (``token_overhead_ns``: llama_decode's graph build,
+scheduling, graph-update checks, and the per-input syncs the workbench's host program lacks),
+the traced graph launch's inflation where the untraced runs are faster than it allows, the
+eager per-launch host work, and ``pdl_release_ns`` (``griddepcontrol.wait`` leaves no record)
+from the PDL knob's effect. Other PDL parameters stay the base calibration's probe values.
 
 Every number carries its source; a field the traces cannot give says it comes from the base.
 """
@@ -124,8 +129,9 @@ def cupti_from_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any], measu
 
 def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float
                 ) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
-    """(ops, families, fitted kernels, unmatched kernels, op report rows, family report rows): fits of ``fixed + scale x
-    roofline`` on the matched kernels of the traces without PDL (all traces if none)."""
+    """(ops, families, fitted kernels, unmatched kernels, op report rows, family report rows):
+    fits of ``fixed + scale x roofline`` on the matched kernels of the traces without PDL (all
+    traces if none), less ``cupti_ns`` per kernel."""
     parts = [matched_kernels(t, base) for t in traces]
     kern = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
     unmatched = pd.concat([u for _, u in parts], ignore_index=True)
