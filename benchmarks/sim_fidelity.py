@@ -6,6 +6,14 @@ knob's predicted vs measured speedup; the held-out model families (never seen by
     python benchmarks/sim_fidelity.py measure --out fidelity_measured.json
     # anywhere: simulate the same matrix with a calibration and write the report to data/bench/
     python benchmarks/sim_fidelity.py report fidelity_measured.json [--calibration data/calibration/h100.json]
+    # against llama.cpp: measured = llamacpp_peer.py --jsonl, the fit = llamacpp_capture.py's traces
+    python benchmarks/sim_fidelity.py report --target llamacpp peer.jsonl --traces DIR [--hold-out gpt-oss-20b]
+
+With ``--target llamacpp`` the matrix is ``llamacpp_peer.py``'s models and CONFIGS, each knob
+alone and stacked (its STEPS); the calibration is fitted from the traces of every model but the
+held-out ones (``workbench calibrate --target llamacpp``'s fit), and the report
+(``sim_fidelity_llamacpp_<gpu>.md``) says which cells meet the acceptance target (10 % us/token,
+2 points per knob effect), held-out family included.
 
 Measured: the cuda executor, weights drawn on the GPU, ``--repeats`` runs of ``--tokens`` decode
 steps after a warm-up run; a run's us/token is the mean host time of its steady tokens (all
@@ -30,6 +38,7 @@ from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # llamacpp_peer's CONFIGS and STEPS (--target llamacpp)
 
 #: (spec, family, held out from calibration?)
 MODELS: tuple[tuple[ModelSpec, str, bool], ...] = (
@@ -123,11 +132,11 @@ def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
     return df
 
 
-def knob_table(df: pd.DataFrame) -> pd.DataFrame:
+def knob_table(df: pd.DataFrame, knobs: dict[str, tuple[str, str]] = KNOBS) -> pd.DataFrame:
     rows = []
     for (label, fam, held), g in df.groupby(["label", "family", "held_out"], sort=False):
         by = g.set_index("strategy")
-        for knob, (a, b) in KNOBS.items():
+        for knob, (a, b) in knobs.items():
             if a not in by.index or b not in by.index:
                 continue
             m = 100 * (by.at[a, "us_per_token"] / by.at[b, "us_per_token"] - 1)
@@ -206,6 +215,101 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
     return {"rows": df, "knobs": kn, "summary": sm}
 
 
+# ------------------------------------------------------------------------------------------
+# --target llamacpp (CPU): llama.cpp measured by llamacpp_peer.py, predicted under a fit of its traces
+# ------------------------------------------------------------------------------------------
+#: model preset -> family (the held-out split is by family)
+LLAMACPP_FAMILIES = {"llama-3.2-1b": "llama", "llama-3.1-8b": "llama", "qwen3-30b-a3b": "qwen3_moe",
+                     "qwen3-next-80b-a3b": "qwen3_next", "gpt-oss-20b": "gpt_oss"}
+
+
+def predict_llamacpp(measured: pd.DataFrame, cal, held_out: set[str], tokens: int, start_pos: int,
+                     context: int) -> pd.DataFrame:
+    """The peer benchmark's cells predicted by the simulator under ``cal`` (a llama.cpp calibration)."""
+    from llamacpp_peer import CONFIGS
+
+    import workbench
+    from workbench.models import preset
+
+    df = measured[measured["config"].isin(list(CONFIGS))].copy()
+    df["family"] = df["model"].map(LLAMACPP_FAMILIES).fillna(df["model"])
+    df["held_out"] = df["model"].isin(held_out)
+    df["label"] = [f"{m} ({n} layers)" for m, n in zip(df["model"], df["layers"])]
+    df["strategy"] = df["config"]
+    pred = []
+    for r in df.itertuples():
+        cfg = preset(r.model, layers=int(r.layers), context=context)
+        run = workbench.run(cfg, CONFIGS[r.config][0], tokens=tokens, backend="sim", start_pos=start_pos,
+                            calibration=cal, quiet=True)
+        pred.append(run.stats["us_per_token"])
+    df["predicted_us"] = pred
+    df["error_pct"] = 100 * (df["predicted_us"] / df["us_per_token"] - 1)
+    return df.reset_index(drop=True)
+
+
+def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | None, held_out: set[str],
+                    out_dir: Path, tokens: int, start_pos: int, context: int) -> dict[str, Any]:
+    """Fit (or load) the llama.cpp calibration without the held-out models, predict the peer
+    matrix, write ``sim_fidelity_llamacpp_<gpu>.md`` (+ csv) with the acceptance verdicts."""
+    from llamacpp_peer import STEPS
+
+    from workbench.exec.calibrate.llamacpp_fit import fit_folder, measured_table
+    from workbench.exec.calibrate.llamacpp_traces import read_traces
+    from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
+
+    measured = measured_table(measured_path)
+    if measured.empty:
+        raise SystemExit(f"{measured_path}: no llamacpp / llama-bench record with us/token; give the jsonl of "
+                         "benchmarks/llamacpp_peer.py --jsonl")
+    if cal_path is not None:
+        cal = load_calibration(path=cal_path)
+        gpu, cal_text = cal.gpu, f"`{cal_path}`"
+        fitted_on = "(a given calibration: which models it saw is its own)"
+    elif traces is not None:
+        gpu = _gpu_key(str(read_traces(traces)[0].trace.meta.get("gpu_name", ""))) or "h200"
+        base = json.loads((CALIBRATION_DIR / f"{gpu}.json").read_text())
+        data = fit_folder(traces, base, measured_path, held_out, log=lambda t: print(t, file=sys.stderr))
+        cal = parse_calibration(data, "llama.cpp fit")
+        cal_text = f"fitted now from the traces in `{traces.name}` (`workbench calibrate --target llamacpp`)"
+        fitted_on = f"traces of {', '.join(data['measured']['models'])}"
+    else:
+        raise SystemExit("--target llamacpp needs --traces DIR (to fit) or --calibration FILE")
+    df = predict_llamacpp(measured, cal, held_out, tokens, start_pos, context)
+    kn = knob_table(df, {name: (a, b) for name, a, b in STEPS})
+    sm = summary(df, kn)
+    df["pass"] = df["error_pct"].abs() <= 10
+    kn["pass"] = kn["diff_pp"].abs() <= 2
+    stem = f"sim_fidelity_llamacpp_{gpu}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_dir / f"{stem}.csv", index=False)
+    kn.to_csv(out_dir / f"{stem}_knobs.csv", index=False)
+    ok_cells, ok_knobs = int(df["pass"].sum()), int(kn["pass"].sum())
+    verdict = ("meets" if ok_cells == len(df) and ok_knobs == len(kn) else "does NOT meet")
+    text = [f"# Simulator vs llama.cpp fidelity ({gpu})\n\n",
+            f"Measured: llama.cpp's us/token from `{measured_path.name}` (`benchmarks/llamacpp_peer.py --jsonl`; "
+            "the llamacpp backend's repetitions, llama-bench's where it has none; median, spread min-max). "
+            f"Predicted: the simulator under the llama.cpp calibration {cal_text}, fitted on {fitted_on}; "
+            f"held out of the fit: {', '.join(sorted(held_out)) or 'none'}. {tokens} tokens from position "
+            f"{start_pos} of a {context}-row context. A knob's effect is `t(from) / t(to) - 1` (llamacpp_peer.py's "
+            "STEPS). Generated by `benchmarks/sim_fidelity.py report --target llamacpp`.\n\n",
+            f"**Acceptance** (every cell within 10 % us/token, every knob effect within 2 points, held-out "
+            f"family included): the simulator {verdict} it: {ok_cells} of {len(df)} cells and {ok_knobs} of "
+            f"{len(kn)} knob effects pass.\n\n", "## Summary\n\n", _md(sm, list(sm.columns))]
+    for held, name in ((False, "Fitted families"), (True, "Held-out families")):
+        d, k = df[df["held_out"] == held], kn[kn["held_out"] == held]
+        if d.empty:
+            continue
+        text += [f"\n## {name}: us/token\n\n",
+                 _md(d, ["label", "strategy", "tool", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct",
+                         "pass"]),
+                 f"\n## {name}: knob effects (%)\n\n",
+                 _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp",
+                         "pass"])]
+    (out_dir / f"{stem}.md").write_text("".join(text))
+    print("".join(text))
+    return {"rows": df, "knobs": kn, "summary": sm, "calibration": cal}
+
+
 def _gpu_key(name: str) -> str:
     from workbench.exec.calibration import gpu_key
 
@@ -220,8 +324,19 @@ def main() -> int:
     m.add_argument("--tokens", type=int, default=32)
     m.add_argument("--repeats", type=int, default=5)
     r = sub.add_parser("report", help="simulate the matrix and write the tables to data/bench/")
-    r.add_argument("measured")
-    r.add_argument("--calibration", type=Path, help="calibration file (default data/calibration/<gpu>.json)")
+    r.add_argument("measured", help="the measured matrix: sim_fidelity.py measure's JSON, or with --target llamacpp "
+                                    "the jsonl of benchmarks/llamacpp_peer.py --jsonl")
+    r.add_argument("--target", choices=("cuda", "llamacpp"), default="cuda",
+                   help="whose measurements: the workbench's cuda executor (default) or llama.cpp")
+    r.add_argument("--traces", type=Path, help="--target llamacpp: the folder of llama.cpp timelines to fit "
+                                               "(benchmarks/llamacpp_capture.py)")
+    r.add_argument("--hold-out", default="gpt-oss-20b",
+                   help="--target llamacpp: comma-separated models left out of the fit (default gpt-oss-20b)")
+    r.add_argument("--tokens", type=int, default=64, help="--target llamacpp: tokens per cell (llamacpp_peer.py's)")
+    r.add_argument("--start-pos", type=int, default=448)
+    r.add_argument("--context", type=int, default=512)
+    r.add_argument("--calibration", type=Path, help="calibration file (default data/calibration/<gpu>.json; with "
+                                                    "--target llamacpp: instead of fitting --traces)")
     r.add_argument("--baseline-calibration", type=Path, action="append",
                    help="also summarise the matrix under another calibration (repeatable)")
     r.add_argument("--baseline-label", action="append", help="how the report names each baseline calibration")
@@ -231,6 +346,11 @@ def main() -> int:
     if args.cmd == "measure":
         res = measure(args.tokens, args.repeats)
         Path(args.out).write_text(json.dumps(res, indent=1))
+        return 0
+    if args.target == "llamacpp":
+        report_llamacpp(Path(args.measured), args.traces, args.calibration,
+                        {m.strip() for m in args.hold_out.split(",") if m.strip()}, args.out_dir, args.tokens,
+                        args.start_pos, args.context)
         return 0
     report(Path(args.measured), args.calibration, args.gpu, args.out_dir, args.baseline_calibration,
            args.baseline_label)

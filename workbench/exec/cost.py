@@ -174,7 +174,20 @@ def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
     ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue.
     A block-typed weight's kernel (mmvq, quantised get-rows) takes only a fit measured on that
     kernel (``MUL_MAT/k_mul_mat_vec_q_q4_0``, say), else the plain roofline of its blocks' bytes:
-    the op's and the family's fits were measured on the float kernels, whose inner loops differ."""
+    the op's and the family's fits were measured on the float kernels, whose inner loops differ.
+
+    A llama.cpp calibration (``cal.executor == "llamacpp"``) keys its fits by llama.cpp's
+    kernels (``kernel_name``) and measures the fused kernels llama.cpp runs under their own op:
+    ``op/kernel`` and ``op`` of the node, then its base op's, then the family."""
+    if cal.executor == "llamacpp":
+        base = FUSED_BASE.get(node.op, (node.op, ""))[0]
+        for key, how in ((f"{node.op}/{kernel_name(node)}", "op/kernel"), (node.op, "op"), (base, "op")):
+            if key in cal.ops:
+                return how, cal.ops[key]
+            if quantized_weight(node):  # only the block kernel's own fit applies (see above)
+                return "device", None
+        fc = cal.families.get(node.family)
+        return ("family", fc) if fc is not None else ("device", None)
     op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
     if any(k.startswith(f"{op}/") for k in cal.ops):
         kernel = executor_kernel(node)

@@ -304,7 +304,7 @@ class _Engine:
                 if self.graph_plan is not plan:
                     self._capture(plan, token)
                     t0 = self.host_t
-                t1 = t0 + h.graph_launch_ns
+                t1 = t0 + h.graph_launch_ns + h.graph_stream_ns * (plan.n_streams - 1)
                 corr = self._api(op.api, t0, t1, token, "", op.stream)
                 g = self._enqueue(GRAPH, op.stream, t1 + self.cal.graph_launch_latency_ns, plan, corr, token, pi)
                 self.graph_id_of[g] = self.graph_id
