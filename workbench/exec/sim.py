@@ -477,7 +477,7 @@ class _Engine:
                 tr = self.trig[pred]
                 cand = math.inf
                 if tr == tr:
-                    cand = tr + cal.pdl_launch_ns
+                    cand = tr + (cal.pdl_launch_ns if self.graph_of[o] >= 0 else cal.eager_pdl_launch)
                 if pe == pe:
                     cand = min(cand, pe + gap)
                 if cand == math.inf:
