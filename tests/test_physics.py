@@ -307,21 +307,3 @@ def test_fit_eager_recovers_both_parameters_from_a_measured_matrix(tmp_path) -> 
     rms = float(re.search(r"rms ([0-9.]+) pp", bad["sources"]["device.eager_pdl_release_ns"]).group(1))
     assert rms > 2.0
 
-
-def test_read_matrix_reads_both_formats(tmp_path) -> None:
-    """The interleaved stage's JSON lines and the older one-object JSON give the same table."""
-    import json
-
-    from workbench.exec.calibrate.decode_matrix import _rounds, read_matrix
-
-    env = {"gpu_name": "g", "date": "d"}
-    row = {"model": "llama-3.2-1b", "layers": None, "context": 512, "pos": 448, "strategy": "eager",
-           "family": "llama", "tokens": 32, "us_per_token": 1.0, "us_min": 1.0, "us_max": 1.0, "runs_us": [1.0]}
-    (tmp_path / "a.json").write_text(json.dumps({"environment": env, "tokens": 32, "repeats": 1, "rows": [row]}))
-    (tmp_path / "b.jsonl").write_text(json.dumps({"kind": "environment", **env, "tokens": 32, "repeats": 1}) + "\n"
-                                      + json.dumps({"kind": "cell", **row}) + "\n"
-                                      + json.dumps({"kind": "error", "model": "x", "error": "boom"}) + "\n")
-    (ea, a), (eb, b) = read_matrix(tmp_path / "a.json"), read_matrix(tmp_path / "b.jsonl")
-    assert ea == eb and a.to_dict("records") == b.to_dict("records")
-    # each round starts one strategy later: every strategy runs first once in n rounds
-    assert [r[0] for r in _rounds(3, 3)] == [0, 1, 2] and all(sorted(r) == [0, 1, 2] for r in _rounds(3, 5))

@@ -55,15 +55,18 @@ def measure_model(m: MatrixModel, tokens: int, repeats: int, seed: int = 0,
     run = {"tokens": tokens, "backend": "cuda", "seed": seed, "start_pos": m.spec.pos}
     t0 = time.perf_counter()
     exs: list[Any] = []
-    for st in m.strategies:
-        ex = CudaExecutor(cfg, st, "device", seed, share=exs[0] if exs else None)
-        run_model(cfg, st, **{**run, "tokens": 4}, executor=ex)  # warm-up: compile, capture
-        exs.append(ex)
-    t1 = time.perf_counter()
     us: list[list[float]] = [[] for _ in m.strategies]
-    for order in _rounds(len(m.strategies), repeats):
-        for i in order:
-            us[i].append(float(run_model(cfg, m.strategies[i], **run, executor=exs[i]).stats["us_per_token"]))
+    try:
+        for st in m.strategies:
+            exs.append(CudaExecutor(cfg, st, "device", seed, share=exs[0] if exs else None))
+            run_model(cfg, st, **{**run, "tokens": 4}, executor=exs[-1])  # warm-up: compile, capture
+        t1 = time.perf_counter()
+        for order in _rounds(len(m.strategies), repeats):
+            for i in order:
+                us[i].append(float(run_model(cfg, m.strategies[i], **run, executor=exs[i]).stats["us_per_token"]))
+    finally:  # the next model needs the memory, whether or not this one finished
+        for ex in reversed(exs):
+            ex.release()
     rows = []
     for st, u in zip(m.strategies, us):
         rows.append({"kind": "cell", **m.spec.to_dict(), "label": m.spec.label, "family": cfg.model_type,
@@ -72,7 +75,6 @@ def measure_model(m: MatrixModel, tokens: int, repeats: int, seed: int = 0,
         log(f"{m.spec.label:32s} {st.label():34s} {np.median(u):9.1f} us/token [{np.min(u):.1f}-{np.max(u):.1f}]")
     log(f"{m.spec.label}: {len(m.strategies)} strategies, warm-up {t1 - t0:.1f} s, "
         f"{repeats} rounds {time.perf_counter() - t1:.1f} s")
-    del exs
     return rows
 
 
