@@ -3,7 +3,7 @@ cuda executor over the union of both matrices (``benchmarks/sim_fidelity.py``'s 
 ``benchmarks/eager_knobs.py``'s eager knobs, alone and stacked) on the fidelity report's model
 shapes (full size; qwen3-next, qwen3-30b-a3b and gpt-oss-20b at 8 layers), written as JSON lines.
 
-    # on the GPU (stage `decode` of benchmarks/gpu_fidelity_run.sh)
+    # on the GPU (stage `fidelity` of benchmarks/gpu_fidelity_run.sh)
     python benchmarks/decode_matrix.py --out $OUT/decode_matrix_h200.jsonl --budget 270
     # anywhere, from the file
     python benchmarks/sim_fidelity.py report data/bench/decode_matrix_h200.jsonl

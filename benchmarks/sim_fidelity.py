@@ -7,7 +7,7 @@ knob's predicted vs measured speedup; the held-out model families (never seen by
     # anywhere: simulate the same matrix with a calibration and write the report to data/bench/
     python benchmarks/sim_fidelity.py report fidelity_measured.jsonl [--calibration data/calibration/h100.json]
 
-The GPU stage ``decode`` of ``benchmarks/gpu_fidelity_run.sh`` measures this matrix and the
+The GPU stage ``fidelity`` of ``benchmarks/gpu_fidelity_run.sh`` measures this matrix and the
 eager knob cells in one run (``benchmarks/decode_matrix.py``); ``report`` reads that file too
 (cells of strategies outside this matrix are left out), and the older JSON of ``measure``.
 
