@@ -52,6 +52,8 @@ DECODE_ROWS = {"pdl": "pdl", "qkv": "qkv+stream-aware", "boundary": "boundary", 
 CALIBRATION_ROWS = {"eager+pdl": "pdl", "eager+qkv+boundary": "qkv+boundary"}
 FITTED = {("calibrate", "pdl"), ("calibrate", "qkv+boundary"), ("gpu_decode", "pdl"),
           ("gpu_decode", "qkv+stream-aware")}
+#: in a measured file (``fit_eager --measured``): the knobs whose cells the fit uses
+FITTED_KNOBS = {"pdl", "qkv+boundary", "qkv+stream-aware"}
 
 
 @dataclass(frozen=True)
@@ -65,6 +67,9 @@ class Cell:
     knob: str
     eager_us: float
     knob_us: float
+    #: the measured speedup's spread (%) from the runs' min-max, where the file has it
+    lo: float = float("nan")
+    hi: float = float("nan")
 
     @property
     def label(self) -> str:
@@ -117,13 +122,16 @@ def measured_cells(path: Path, sim_tokens: int = 16) -> list[Cell]:
     df["knob"] = df["strategy"].map(lambda x: by_label.get(x, x))  # older files: the knob's name
     cells = []
     for (model, layers), g in df.groupby(["model", df["layers"].fillna(0)], sort=False):
-        us = dict(zip(g["knob"], g["us_per_token"]))
+        by = g.set_index("knob")
         r = g.iloc[0]
         for knob in KNOBS:
-            if knob in us and "eager" in us:
+            if knob in by.index and "eager" in by.index:
+                e, k = by.loc["eager"], by.loc[knob]
+                spread = ((100 * (e["us_min"] / k["us_max"] - 1), 100 * (e["us_max"] / k["us_min"] - 1))
+                          if "us_min" in by else (float("nan"), float("nan")))
                 cells.append(Cell(f"{Path(path).stem} ({str(env.get('date', ''))[:10]})", model,
                                   int(layers) or None, int(r["context"]), int(r["pos"]), sim_tokens, knob,
-                                  us["eager"], us[knob]))
+                                  float(e["us_per_token"]), float(k["us_per_token"]), *spread))
     return cells
 
 
@@ -147,10 +155,12 @@ def predict(cells: list[Cell], gpu: str = "h200") -> pd.DataFrame:
     for c in cells:
         e, k = sim(c, Strategy()), sim(c, KNOBS[c.knob])
         meas, pred = 100 * (c.eager_us / c.knob_us - 1), 100 * (e / k - 1)
-        rows.append({"source": c.source, "model": c.label, "knob": c.knob,
-                     "fitted": (c.source, c.knob) in FITTED,
+        fitted = (c.source, c.knob) in FITTED or (c.source not in ("calibrate", "gpu_decode")
+                                                   and c.knob in FITTED_KNOBS)
+        rows.append({"source": c.source, "model": c.label, "knob": c.knob, "fitted": fitted,
                      "eager_us": c.eager_us, "knob_us": c.knob_us, "sim_eager_us": e, "sim_knob_us": k,
-                     "measured_pct": meas, "simulated_pct": pred, "diff_pp": pred - meas})
+                     "measured_pct": meas, "measured_lo": c.lo, "measured_hi": c.hi, "simulated_pct": pred,
+                     "diff_pp": pred - meas})
     return pd.DataFrame(rows)
 
 
@@ -166,7 +176,7 @@ def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path
     cells = measured_cells(measured) if measured else committed_cells()
     df = predict(cells, gpu)
     cols = ["source", "model", "knob", "fitted", "eager_us", "knob_us", "sim_eager_us", "sim_knob_us",
-            "measured_pct", "simulated_pct", "diff_pp"]
+            "measured_pct", *(["measured_lo", "measured_hi"] if measured else []), "simulated_pct", "diff_pp"]
     if before is not None:  # another simulator's report of the same cells (e.g. before issue 20)
         b = pd.read_csv(before)[["source", "model", "knob", "diff_pp"]].rename(columns={"diff_pp": "before_pp"})
         df = df.merge(b, on=["source", "model", "knob"], how="left")
@@ -188,7 +198,9 @@ def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path
             + ". Speedup = t(eager) / t(eager + knob) - 1. "
             + (f"`before_pp`: diff_pp of the simulator in `{before}`. " if before is not None else "") +
             "*fitted*: the cells `python -m workbench.exec.fit_eager` fitted `eager_pdl_release_ns` and "
-            "`eager_channel_switch_ns` to (the others are held out).\n\n",
+            "`eager_channel_switch_ns` to (the others are held out)"
+            + (" when the calibration was fitted with `--measured` on this file; `measured_lo`/`measured_hi`: "
+               "the speedup's spread from the rounds' min-max" if measured else "") + ".\n\n",
             f"{within} of {len(df)} knob effects within 2 pp.\n\n", control,
             _md(df[cols])]
     (out_dir / f"eager_knobs_{gpu}.md").write_text("".join(text))
