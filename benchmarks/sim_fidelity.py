@@ -2,10 +2,10 @@
 knob's predicted vs measured speedup; the held-out model families (never seen by
 ``workbench calibrate``) are reported apart.
 
-    # on the GPU: measure (untraced runs of the cuda executor), write JSON
-    python benchmarks/sim_fidelity.py measure --out fidelity_measured.json
+    # on the GPU: measure (untraced runs of the cuda executor), write JSON lines
+    python benchmarks/sim_fidelity.py measure --out fidelity_measured.jsonl
     # anywhere: simulate the same matrix with a calibration and write the report to data/bench/
-    python benchmarks/sim_fidelity.py report fidelity_measured.json [--calibration data/calibration/h100.json]
+    python benchmarks/sim_fidelity.py report fidelity_measured.jsonl [--calibration data/calibration/h100.json]
     # against llama.cpp: measured = llamacpp_peer.py --jsonl, the fit = llamacpp_capture.py's traces
     python benchmarks/sim_fidelity.py report --target llamacpp peer.jsonl --traces DIR [--hold-out gpt-oss-20b]
 
@@ -15,9 +15,15 @@ held-out ones (``workbench calibrate --target llamacpp``'s fit), and the report
 (``sim_fidelity_llamacpp_<gpu>.md``) says which cells meet the acceptance target (10 % us/token,
 2 points per knob effect), held-out family included.
 
-Measured: the cuda executor, weights drawn on the GPU, ``--repeats`` runs of ``--tokens`` decode
-steps after a warm-up run; a run's us/token is the mean host time of its steady tokens (all
-but the first), the cell's value the median over runs (spread: min-max). Predicted: the
+The GPU stage ``fidelity`` of ``benchmarks/gpu_fidelity_run.sh`` measures this matrix and the
+eager knob cells in one run (``benchmarks/decode_matrix.py``); ``report`` reads that file too
+(cells of strategies outside this matrix are left out), and the older JSON of ``measure``.
+
+Measured (``workbench.exec.calibrate.decode_matrix``): the cuda executor at full size (qwen3-next,
+qwen3-30b-a3b and gpt-oss-20b: 8 layers), weights drawn on the GPU, one warmed-up executor per
+strategy, ``--repeats`` interleaved rounds of ``--tokens`` decode steps; a run's us/token is the
+mean host time of its steady tokens (all but the first), the cell's value the median over runs
+(spread: min-max). Predicted: the
 simulator on the same Plans, start position and token count. A knob's speedup is
 ``t(without) / t(with) - 1``.
 """
@@ -27,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -40,13 +45,16 @@ from workbench.strategy import Strategy
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # llamacpp_peer's CONFIGS and STEPS (--target llamacpp)
 
-#: (spec, family, held out from calibration?)
+#: (spec, family (HF model_type), held out from calibration?): full size, or 8 layers where the
+#: whole model would not fit the stage's time (``workbench calibrate`` measured llama, qwen3_moe
+#: and qwen3_next shapes; qwen3 dense and gpt-oss never)
 MODELS: tuple[tuple[ModelSpec, str, bool], ...] = (
-    (ModelSpec("llama-3.2-1b", None, 512), "llama", False),
-    (ModelSpec("llama-3.1-8b", 4, 1024, 600), "llama", False),
-    (ModelSpec("qwen3-8b", 4, 512), "qwen3", True),
-    (ModelSpec("qwen3-30b-a3b", 4, 512), "qwen3_moe", False),
-    (ModelSpec("qwen3-next-80b-a3b", 8, 512), "qwen3_next", False),
+    (ModelSpec("llama-3.2-1b", None, 512, 448), "llama", False),
+    (ModelSpec("qwen3-next-80b-a3b", 8, 512, 448), "qwen3_next", False),
+    (ModelSpec("llama-3.1-8b", None, 1024, 600), "llama", False),
+    (ModelSpec("qwen3-8b", None, 512, 448), "qwen3", True),
+    (ModelSpec("qwen3-30b-a3b", 8, 512, 448), "qwen3_moe", False),
+    (ModelSpec("gpt-oss-20b", 8, 512, 448), "gpt_oss", True),
 )
 
 STRATEGIES: dict[str, Strategy] = {
@@ -80,42 +88,23 @@ KNOBS: dict[str, tuple[str, str]] = {
 # ------------------------------------------------------------------------------------------
 # measure (GPU)
 # ------------------------------------------------------------------------------------------
-def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str, Any]:
-    import workbench
-    from workbench.exec.calibrate.environment import environment
-    from workbench.exec.cuda import CudaExecutor
+def matrix(models=MODELS) -> list:
+    """The measured matrix: every strategy of ``STRATEGIES`` on each model it changes."""
+    from workbench.exec.calibrate.decode_matrix import MatrixModel
 
-    env = environment()
-    rows = []
-    for spec, fam, held in models:
-        first = None  # the model's first executor: the others reuse its weights on the GPU
-        for label, st in STRATEGIES.items():
-            if label in ONLY and spec.model not in ONLY[label]:
-                continue
-            t0 = time.perf_counter()
-            cfg = spec.config()
-            ex = CudaExecutor(cfg, st, "device", seed, share=first)
-            first = first or ex
-            # warm-up: compile, capture
-            workbench.run(cfg, st, tokens=4, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
-            us = [workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, start_pos=spec.pos,
-                                executor=ex).stats["us_per_token"] for _ in range(repeats)]
-            rows.append({**spec.to_dict(), "label": spec.label, "family": fam, "held_out": held, "strategy": label,
-                         "tokens": tokens, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
-                         "us_max": float(np.max(us)), "runs_us": us})
-            print(f"{spec.label:32s} {label:28s} {np.median(us):9.1f} us/token  [{np.min(us):.1f}-{np.max(us):.1f}]"
-                  f"  {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-        del first, ex
-    return {"environment": env, "tokens": tokens, "repeats": repeats, "rows": rows}
+    return [MatrixModel(spec, tuple(st for label, st in STRATEGIES.items()
+                                    if label not in ONLY or spec.model in ONLY[label]))
+            for spec, _, _ in models]
 
 
 # ------------------------------------------------------------------------------------------
 # report (CPU)
 # ------------------------------------------------------------------------------------------
-def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
+def predict(rows: pd.DataFrame, cal) -> pd.DataFrame:
+    """The measured cells of this report's strategies, each with the simulator's us/token."""
     import workbench
 
-    df = pd.DataFrame(measured["rows"])
+    df = rows[rows["strategy"].isin(list(STRATEGIES))].reset_index(drop=True)
     # the split follows MODELS (which families `workbench calibrate` measured), not the flag
     # recorded when the matrix was measured
     held = {fam: h for _, fam, h in MODELS}
@@ -174,10 +163,10 @@ def _md(df: pd.DataFrame, cols: list[str], digits: int = 1) -> str:
 
 def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir: Path,
            baselines: list[Path] | None = None, baseline_labels: list[str] | None = None) -> dict[str, Any]:
+    from workbench.exec.calibrate.decode_matrix import read_matrix
     from workbench.exec.calibration import load_calibration
 
-    measured = json.loads(measured_path.read_text())
-    env = measured["environment"]
+    env, measured = read_matrix(measured_path)
     gpu = gpu or _gpu_key(env["gpu_name"])
     cal = load_calibration(gpu, path=cal_path)
     df = predict(measured, cal)
@@ -195,8 +184,8 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
     text = [f"# Simulator vs GPU fidelity ({env['gpu_name']})\n\n",
             f"Measured {env['date'][:10]} on {env['gpu_name']}, driver {env.get('driver_version', '')}, CUDA runtime "
             f"{env.get('cuda_runtime', '')}, CuPy {env.get('cupy', '')} (`{measured_path.name}`); "
-            f"{measured['repeats']} runs of "
-            f"{measured['tokens']} tokens per cell (median, spread min-max). Predicted by the simulator with "
+            f"{env['repeats']} runs of "
+            f"{env['tokens']} tokens per cell (median, spread min-max). Predicted by the simulator with "
             f"`{cal_path or f'data/calibration/{gpu}.json'}` ({cal.name}). Held-out families were never measured "
             "by `workbench calibrate`. Generated by `benchmarks/sim_fidelity.py report`.\n\n",
             "## Summary\n\n", _md(sm, list(sm.columns))]
@@ -319,10 +308,11 @@ def _gpu_key(name: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="run the matrix on this GPU (untraced) and write JSON")
+    m = sub.add_parser("measure", help="run the matrix on this GPU (untraced) and write JSON lines")
     m.add_argument("--out", required=True)
     m.add_argument("--tokens", type=int, default=32)
     m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--budget", type=float, help="start no model after this many seconds")
     r = sub.add_parser("report", help="simulate the matrix and write the tables to data/bench/")
     r.add_argument("measured", help="the measured matrix: sim_fidelity.py measure's JSON, or with --target llamacpp "
                                     "the jsonl of benchmarks/llamacpp_peer.py --jsonl")
@@ -344,8 +334,9 @@ def main() -> int:
     r.add_argument("--out-dir", type=Path, default=ROOT / "data" / "bench")
     args = p.parse_args()
     if args.cmd == "measure":
-        res = measure(args.tokens, args.repeats)
-        Path(args.out).write_text(json.dumps(res, indent=1))
+        from workbench.exec.calibrate.decode_matrix import measure_matrix
+
+        measure_matrix(matrix(), Path(args.out), args.tokens, args.repeats, budget_s=args.budget)
         return 0
     if args.target == "llamacpp":
         report_llamacpp(Path(args.measured), args.traces, args.calibration,

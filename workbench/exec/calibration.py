@@ -110,6 +110,11 @@ class Calibration:
     #: kernel's ``griddepcontrol.wait`` (the completion travels through the front end, not a
     #: graph's device-side edge); -1 means ``pdl_release_ns``
     eager_pdl_release_ns: float = -1.0
+    #: optional: from its predecessor's trigger (``launch_dependents``) to the early start of an
+    #: eagerly launched PDL kernel. The front end's per-launch work that an eager launch adds to a
+    #: graph's (``eager_gap_ns - dependency_gap_ns``) is not removed by PDL, only overlapped with
+    #: the running predecessor: -1 (absent) means ``pdl_launch_ns`` plus that extra work
+    eager_pdl_launch_ns: float = -1.0
     #: optional: extra gap before an eagerly launched kernel per *other* stream with work queued
     #: (the GPU's host interface serves the channels with pending work in turn); 0 when absent
     eager_channel_switch_ns: float = 0.0
@@ -132,6 +137,13 @@ class Calibration:
     def eager_pdl_release(self) -> float:
         """Predecessor completion to the release of an eagerly launched PDL kernel's wait."""
         return self.eager_pdl_release_ns if self.eager_pdl_release_ns >= 0 else self.pdl_release_ns
+
+    @property
+    def eager_pdl_launch(self) -> float:
+        """Predecessor's trigger to the earliest start of an eagerly launched PDL kernel."""
+        if self.eager_pdl_launch_ns >= 0:
+            return self.eager_pdl_launch_ns
+        return self.pdl_launch_ns + max(0.0, self.eager_gap_ns - self.dependency_gap_ns)
 
     @property
     def dram_Bpns(self) -> float:
@@ -168,7 +180,7 @@ class Calibration:
 
 #: device fields a file may leave out (the eager launch model; older files predate them)
 _OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns", "eager_event_gap_ns", "eager_pdl_release_ns",
-                           "eager_channel_switch_ns")
+                           "eager_pdl_launch_ns", "eager_channel_switch_ns")
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
                                     "ops", "executor", *_OPTIONAL_DEVICE_FIELDS)]
