@@ -178,14 +178,20 @@ class Bench:
         self.release_ours = 2.2 * size > gpu_bytes(self.info)
         ids = self.token_ids(cfg)
         names = self.configs_for(cfg)
-        for rnd in range(args.rounds):
-            for cname in (names if rnd % 2 == 0 else names[::-1]):
-                if self.left() < args.config_s:
-                    print(f"time budget reached: stopping before {label} {cname} round {rnd + 1}", flush=True)
-                    return
-                self.run_config(cfg, label, cname, rnd, gguf, ids)
-                if self.args.md:  # a call cut by its time limit keeps the table so far
-                    Path(self.args.md).write_text(summarize(load([str(self.jsonl)])))
+        try:
+            for rnd in range(args.rounds):
+                for cname in (names if rnd % 2 == 0 else names[::-1]):
+                    if self.left() < args.config_s:
+                        print(f"time budget reached: stopping before {label} {cname} round {rnd + 1}", flush=True)
+                        return
+                    self.run_config(cfg, label, cname, rnd, gguf, ids)
+                    if self.args.md:  # a call cut by its time limit keeps the table so far
+                        Path(self.args.md).write_text(summarize(load([str(self.jsonl)])))
+        finally:
+            if args.drop_gguf and args.fill == "tiled":  # rewritten in seconds; the disk holds few big ones
+                if not args.no_ours:
+                    release_cuda()  # ours read the file memory-mapped
+                gguf.unlink(missing_ok=True)
 
     def token_ids(self, cfg) -> list[int]:
         from workbench.api import token_ids
@@ -261,10 +267,15 @@ class Bench:
                 us.append(float(r.stats["us_per_token"]))
         finally:
             if backend == "cuda" and self.release_ours:
-                from workbench.exec.backend import get_backend
-
-                get_backend("cuda").release()
+                release_cuda()
         return us, {"device": r.device}
+
+
+def release_cuda() -> None:
+    """Free the cuda backend's device weights and executors (llama.cpp's processes need the room)."""
+    from workbench.exec.backend import get_backend
+
+    get_backend("cuda").release()
 
 
 def gpu_bytes(info: dict[str, str]) -> float:
@@ -393,6 +404,8 @@ def main() -> int:
     p.add_argument("--fill", default="tiled", choices=("tiled", "exact"),
                    help="tiled: GGUF written at disk speed, both sides run the file (timing only, default); "
                         "exact: the seeded weights (minutes for the big models)")
+    p.add_argument("--drop-gguf", action="store_true",
+                   help="delete each model's tiled GGUF when its configurations are done (a small disk)")
     p.add_argument("--config-s", type=float, default=45,
                    help="seconds one configuration may take: none starts with less budget left (default 45)")
     p.add_argument("--ours-runs", type=int, default=3, help="cuda backend runs per round")

@@ -29,6 +29,12 @@ class FakeLib:
     def decode(self, ctx, tokens):
         self.calls.append(("decode", len(tokens)))
 
+    def batch(self, tokens):
+        return tokens
+
+    def decode_batch(self, ctx, batch):
+        self.decode(ctx, batch)
+
     def synchronize(self, ctx):
         self.calls.append(("sync",))
 
@@ -173,8 +179,9 @@ def llama_bench_exe(llamacpp_lib) -> str:
 @pytest.mark.slow
 def test_backend_and_llama_bench_agree_on_cpu(llama_bench_exe, tmp_path, monkeypatch):
     """Same build, GGUF, threads, depth and tokens: the backend's us/token within a loose bound
-    of llama-bench's (the GPU acceptance is 3 %; a shared CI CPU is noisy, so the bound here
-    is 35 % on the medians of interleaved calls)."""
+    of llama-bench's (the GPU acceptance is 3 %; on a quiet CPU this tiny model agrees within
+    3 % too, but a shared CI CPU is noisy, so the bound here is 40 % on the median of three
+    back-to-back pairs' ratios)."""
     from pathlib import Path
 
     import workbench
@@ -188,16 +195,15 @@ def test_backend_and_llama_bench_agree_on_cpu(llama_bench_exe, tmp_path, monkeyp
     lib = str(Path(llama_bench_exe).parent)
     n, depth, reps = 32, 64, 5
     ids = workbench.models.tokens.token_ids(cfg, n, 0)
-    ours, theirs = [], []
+    ratios = []
     for _ in range(3):  # A B A B A B
         r = workbench.run(cfg, tokens=ids, backend="llamacpp", start_pos=depth, build=lib, reps=reps, threads=1,
                           logits=False, quiet=True)
-        ours += [x / n for x in r.meta["rep_us"]]
+        ours = [x / n for x in r.meta["rep_us"]]
         cmd = [llama_bench_exe, "-m", str(gguf), "-p", "0", "-n", str(n), "-d", str(depth), "-r", str(reps),
                "-t", "1", "-b", str(N_BATCH), "-ub", str(N_UBATCH), "-fa", "1", "-ngl", "0", "-o", "jsonl"]
         p = subprocess.run(cmd, env=worker_env({}), capture_output=True, text=True, timeout=120)
         assert p.returncode == 0, p.stderr[-2000:]
         rec = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")][-1]
-        theirs += [1e6 / ts for ts in rec["samples_ts"]]
-    ratio = np.median(ours) / np.median(theirs)
-    assert 0.65 < ratio < 1.35, (ratio, np.median(ours), np.median(theirs))
+        ratios.append(np.median(ours) / np.median([1e6 / ts for ts in rec["samples_ts"]]))
+    assert 0.6 < np.median(ratios) < 1.4, ratios

@@ -280,8 +280,16 @@ class LibLlama:
 
     def decode(self, ctx: int, tokens: list[int]) -> None:
         """Decode ``tokens`` as one batch continuing the sequence (positions follow the cache)."""
+        self.decode_batch(ctx, self.batch(tokens))
+
+    def batch(self, tokens: list[int]) -> tuple[Batch, C.Array]:
+        """``tokens`` as a ready batch (and the array it points into, kept alive with it): a
+        timed loop decodes prepared batches, so it spends no host time building them."""
         arr = (C.c_int32 * len(tokens))(*tokens)
-        rc = self.lib.llama_decode(ctx, self.lib.llama_batch_get_one(arr, len(tokens)))
+        return self.lib.llama_batch_get_one(arr, len(tokens)), arr
+
+    def decode_batch(self, ctx: int, batch: tuple[Batch, C.Array]) -> None:
+        rc = self.lib.llama_decode(ctx, batch[0])
         if rc != 0:
             raise LlamaCppError(f"llama_decode returned {rc}: " + " | ".join(self.log[-2:]).strip())
 

@@ -88,8 +88,9 @@ def time_tokens(lib, ctx, tokens: list[int], prompt_ids: list[int], n_batch: int
     the cache cleared (buffers kept), one warm-up token at position 0 (``test_gen(ctx, 1)``);
     per repetition the cache cleared, the depth prompt decoded in ``n_batch`` chunks on the first
     and its saved state restored on the others (``cstate``), then the clock started, each token
-    decoded and synchronized, the clock stopped. Nothing else runs inside the timed loop (two
-    host clock reads per token, as llama-bench's loop fills its batch between tokens)."""
+    decoded (a batch prepared before the loop) and synchronized, the clock stopped. Nothing else
+    runs inside the timed loop (two host clock reads per token, as llama-bench's loop fills its
+    batch between tokens)."""
     lib.clear_memory(ctx)
     if warmup:
         lib.decode(ctx, [tokens[0]])
@@ -100,13 +101,14 @@ def time_tokens(lib, ctx, tokens: list[int], prompt_ids: list[int], n_batch: int
     starts = np.zeros(n, np.int64)
     state = None
     clock = time.perf_counter_ns
-    decode, sync = lib.decode, lib.synchronize
+    decode, sync = lib.decode_batch, lib.synchronize
+    batches = [lib.batch([tok]) for tok in tokens]
     for r in range(reps):
         state = depth(lib, ctx, prompt_ids, n_batch, state)
         t_rep = clock()
-        for i, tok in enumerate(tokens):
+        for i, batch in enumerate(batches):
             t0 = clock()
-            decode(ctx, [tok])
+            decode(ctx, batch)
             sync(ctx)
             t1 = clock()
             per_token[r, i] = t1 - t0
