@@ -275,7 +275,9 @@ def release_cuda() -> None:
     """Free the cuda backend's device weights and executors (llama.cpp's processes need the room)."""
     from workbench.exec.backend import get_backend
 
-    get_backend("cuda").release()
+    impl = get_backend("cuda")
+    if impl.available()[0]:
+        impl.release()
 
 
 def gpu_bytes(info: dict[str, str]) -> float:
