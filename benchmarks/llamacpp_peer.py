@@ -239,18 +239,11 @@ class Bench:
                                                    "per_token_us_median": r.stats["us_per_token_median"]}
 
     def bench_tool(self, gguf: Path, env: dict[str, str]) -> tuple[list[float], dict]:
-        from workbench.exec.llamacpp import N_BATCH, N_UBATCH, worker_env
+        from workbench.llamacpp.llama_bench import run_llama_bench
 
-        cmd = [str(self.llama_bench), "-m", str(gguf), "-p", "0", "-n", str(self.args.tokens), "-d",
-               str(self.args.start_pos), "-r", str(self.args.reps), "-fa", "1", "-ngl", "99",
-               "-t", str(self.threads), "-b", str(N_BATCH), "-ub", str(N_UBATCH), "-o", "jsonl"]
-        p = subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True, timeout=600)
-        recs = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-        if p.returncode != 0 or not recs:
-            raise RuntimeError(f"llama-bench exit {p.returncode}: {(p.stderr or '').strip().splitlines()[-1:]}")
-        r = recs[-1]
-        return [1e6 / ts for ts in r["samples_ts"]], {"build_commit": r.get("build_commit"),
-                                                      "avg_ts": r.get("avg_ts"), "stddev_ts": r.get("stddev_ts")}
+        us, r = run_llama_bench(self.llama_bench, gguf, tokens=self.args.tokens, depth=self.args.start_pos,
+                                reps=self.args.reps, threads=self.threads, env=env)
+        return us, {"build_commit": r.get("build_commit"), "avg_ts": r.get("avg_ts"), "stddev_ts": r.get("stddev_ts")}
 
     def workbench(self, cfg, strategy, ids, backend: str) -> tuple[list[float], dict]:
         import workbench

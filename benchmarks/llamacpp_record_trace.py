@@ -28,12 +28,13 @@ sys.path.insert(0, str(ROOT))
 
 from workbench.exec.backend import RunRequest  # noqa: E402
 from workbench.exec.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
+from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.models import preset  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 from workbench.trace import Trace  # noqa: E402
 from workbench.trace.perfetto import to_perfetto  # noqa: E402
 
-FUSIONS = frozenset({"rms-norm-mul", "copy-elim"})  # llama.cpp's fusion pass on (its default)
+FUSIONS = LLAMACPP_FUSION  # llama.cpp's fusion pass on (its default)
 MODEL, LAYERS, CONTEXT, START, TOKENS = "llama-3.2-1b", 2, 512, 448, 6
 RECIPES: dict[str, Strategy] = {
     "llama-3.2-1b-L2_graphs": Strategy(graphs=True, fusion=FUSIONS),

@@ -8,9 +8,6 @@ writer's tiled fill, which the peer benchmark runs on both sides, is checked her
 
 from __future__ import annotations
 
-import json
-import subprocess
-
 import numpy as np
 import pytest
 
@@ -182,28 +179,37 @@ def test_backend_and_llama_bench_agree_on_cpu(llama_bench_exe, tmp_path, monkeyp
     of llama-bench's (the GPU acceptance is 3 %; on a quiet CPU this tiny model agrees within
     3 % too, but a shared CI CPU is noisy, so the bound here is 40 % on the median of three
     back-to-back pairs' ratios)."""
+    assert 0.6 < np.median(backend_over_llama_bench(llama_bench_exe, "llama-tiny", threads=1,
+                                                    gpu_layers=0, monkeypatch=monkeypatch, tmp=tmp_path)) < 1.4
+
+
+def backend_over_llama_bench(exe: str, model: str, *, threads: int, gpu_layers: int, monkeypatch, tmp,
+                             pairs: int = 3, n: int = 32, depth: int = 64, reps: int = 5, layers=None,
+                             strategy=None) -> list[float]:
+    """Per back-to-back pair (backend, then llama-bench on the same tiled GGUF), the backend's
+    median us/token over llama-bench's (also used by tests/gpu/test_llamacpp.py)."""
     from pathlib import Path
 
     import workbench
-    from workbench.exec.llamacpp import N_BATCH, N_UBATCH, worker_env
-    from workbench.models import preset
+    from workbench.llamacpp.llama_bench import run_llama_bench
+    from workbench.llamacpp.switches import BuildInfo, switches_for
+    from workbench.models import load_config, preset
     from workbench.models.gguf_write import cached_gguf
+    from workbench.models.tokens import token_ids
+    from workbench.strategy import Strategy
 
-    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
-    cfg = preset("llama-tiny", context=96)
-    gguf = cached_gguf(cfg)
-    lib = str(Path(llama_bench_exe).parent)
-    n, depth, reps = 32, 64, 5
-    ids = workbench.models.tokens.token_ids(cfg, n, 0)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp))
+    lib = str(Path(exe).parent)
+    strategy = strategy or Strategy()
+    gguf = cached_gguf(preset(model, layers=layers), fill="tiled")
+    cfg = load_config(str(gguf), context=n + depth)
+    env = switches_for(strategy, BuildInfo.of(lib), cfg.family == "gdn").env
+    ids = token_ids(cfg, n, 0)
     ratios = []
-    for _ in range(3):  # A B A B A B
-        r = workbench.run(cfg, tokens=ids, backend="llamacpp", start_pos=depth, build=lib, reps=reps, threads=1,
-                          logits=False, quiet=True)
-        ours = [x / n for x in r.meta["rep_us"]]
-        cmd = [llama_bench_exe, "-m", str(gguf), "-p", "0", "-n", str(n), "-d", str(depth), "-r", str(reps),
-               "-t", "1", "-b", str(N_BATCH), "-ub", str(N_UBATCH), "-fa", "1", "-ngl", "0", "-o", "jsonl"]
-        p = subprocess.run(cmd, env=worker_env({}), capture_output=True, text=True, timeout=120)
-        assert p.returncode == 0, p.stderr[-2000:]
-        rec = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")][-1]
-        ratios.append(np.median(ours) / np.median([1e6 / ts for ts in rec["samples_ts"]]))
-    assert 0.6 < np.median(ratios) < 1.4, ratios
+    for _ in range(pairs):  # A B A B ...
+        r = workbench.run(cfg, strategy, tokens=ids, backend="llamacpp", start_pos=depth, build=lib, reps=reps,
+                          threads=threads, gpu_layers=gpu_layers, logits=False, quiet=True)
+        theirs, _ = run_llama_bench(exe, gguf, tokens=n, depth=depth, reps=reps, threads=threads, env=env,
+                                    gpu_layers=gpu_layers, timeout_s=300)
+        ratios.append(float(np.median([x / n for x in r.meta["rep_us"]]) / np.median(theirs)))
+    return ratios
