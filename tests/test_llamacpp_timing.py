@@ -111,7 +111,8 @@ def test_tiled_fill_repeats_a_seeded_pool_and_keeps_small_tensors_exact(monkeypa
     from workbench.models import build_graph, preset
     from workbench.models.weights import random_weight, to_float32
 
-    monkeypatch.setattr(gw, "POOL_ELEMS", 4096)
+    monkeypatch.setattr(gw, "EXACT_ELEMS", 4096)
+    monkeypatch.setattr(gw, "POOL_ELEMS", 1024)
     for name, dtype in (("qwen3-moe-tiny", "f16"), ("llama-tiny", "q8_0")):
         cfg = preset(name)
         cfg = cfg.with_(weight_dtype=dtype) if dtype != "f16" else cfg
@@ -119,11 +120,11 @@ def test_tiled_fill_repeats_a_seeded_pool_and_keeps_small_tensors_exact(monkeypa
         for wname, view in graph.weights.items():
             got, exact = gw.tiled_weight(graph, wname, 3), random_weight(graph, wname, 3)
             assert got.shape == exact.shape and got.dtype == exact.dtype, wname
-            if view.numel <= gw.POOL_ELEMS or len(view.shape) < 2:
+            if view.numel <= gw.EXACT_ELEMS or len(view.shape) < 2:
                 assert np.array_equal(got, exact), wname
             else:  # the pool's rows again after each period
                 rows = got.reshape(-1, got.shape[-1])
-                period = gw.POOL_ELEMS // view.shape[-1]
+                period = max(1, gw.POOL_ELEMS // view.shape[-1])
                 k = min(period, len(rows) - period)
                 assert k > 0 and np.array_equal(rows[period:period + k], rows[:k]), wname
                 assert not np.array_equal(got, exact), wname
@@ -138,7 +139,8 @@ def test_a_tiled_gguf_runs_in_llamacpp_and_ours_reads_the_same_values(llamacpp_l
     import workbench.models.gguf_write as gw
     from workbench.models import load_config, preset
 
-    monkeypatch.setattr(gw, "POOL_ELEMS", 4096)
+    monkeypatch.setattr(gw, "EXACT_ELEMS", 4096)
+    monkeypatch.setattr(gw, "POOL_ELEMS", 1024)
     monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
     path = gw.cached_gguf(preset("qwen3-moe-tiny"), fill="tiled")
     assert "-tiled-" in path.name

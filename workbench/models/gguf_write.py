@@ -23,7 +23,7 @@ renamed and laid out as ``convert_hf_to_gguf.py`` does for the architecture, so 
 Tensors are produced one at a time, so the full-size presets stream to disk.
 
 ``fill="tiled"`` (``workbench gguf --fill tiled``) is for timing runs only: a tensor larger
-than :data:`POOL_ELEMS` repeats a few thousand rows drawn from its own seeded distribution
+than :data:`EXACT_ELEMS` repeats a few rows (:data:`POOL_ELEMS` values) drawn from its own seeded distribution
 (same scale, quantised the same way) instead of drawing every row, so a 16 GB model is written
 at disk speed rather than in minutes. The values differ from ``random_weights``, so logits no
 longer match the other backends' runs of the preset; a backend that runs the *file*
@@ -59,8 +59,11 @@ WRITER_VERSION = 1
 #: How weights are filled: ``exact`` = ``random_weights(seed)`` (logits compare with the other
 #: backends); ``tiled`` = a seeded pool of rows repeated (timing runs; see the module docstring).
 FILLS = ("exact", "tiled")
-#: Elements a ``tiled`` tensor draws before repeating them (and below which it is drawn exactly).
-POOL_ELEMS = 1 << 21
+#: Tensors up to this many elements are drawn exactly by a ``tiled`` fill (norms, biases, and
+#: every MoE router of the presets, so routing stays as random as the exact weights').
+EXACT_ELEMS = 1 << 20
+#: Elements (whole rows, at least one) a larger ``tiled`` tensor draws before repeating them.
+POOL_ELEMS = 1 << 16
 
 #: workbench dtype -> ggml type name (``gguf.GGMLQuantizationType``) and the file type it makes.
 GGML_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
@@ -363,16 +366,20 @@ def add_metadata(w, cfg: ModelConfig, qtype: str) -> None:
 # the file
 # ------------------------------------------------------------------------------------------
 
-def tiled_weight(graph, name: str, seed: int = 0) -> Array:
-    """``random_weight(graph, name, seed)`` for a tensor of up to :data:`POOL_ELEMS` elements;
-    a larger one (its rows: every axis but the last) repeats the first rows drawn at the
-    tensor's own scale from its own seeded stream, stored (quantised) as the tensor is."""
+def tiled_weight(graph, name: str, seed: int = 0, scratch: dict | None = None) -> Array:
+    """``random_weight(graph, name, seed)`` for a tensor of up to :data:`EXACT_ELEMS` elements;
+    a larger one (its rows: every axis but the last) repeats the rows of :data:`POOL_ELEMS` values drawn at the
+    tensor's own scale from its own seeded stream, stored (quantised) as the tensor is.
+
+    With ``scratch`` (a dict the caller keeps) a large result lives in a buffer the next call
+    reuses: a writer that writes each tensor before drawing the next skips the page faults of a
+    fresh allocation, most of a tiled write's time."""
     from dataclasses import replace
 
     from .weights import _init, _stable_hash, random_weight, to_storage
 
     view = graph.weights[name]
-    if view.numel <= POOL_ELEMS or len(view.shape) < 2:
+    if view.numel <= EXACT_ELEMS or len(view.shape) < 2:
         return random_weight(graph, name, seed)
     k = view.shape[-1]
     n_rows = view.numel // k
@@ -381,9 +388,25 @@ def tiled_weight(graph, name: str, seed: int = 0) -> Array:
     fan_in = graph.meta.get("weight_fan_in", {}).get(name) or k  # the full tensor's, as random_weight
     pool = to_storage(np.asarray(_init(name, replace(view, shape=(pool_rows, k)), rng, fan_in), np.float32),
                       view.dtype)
-    reps = -(-n_rows // pool_rows)
-    rows = np.tile(pool, (reps,) + (1,) * (pool.ndim - 1))[:n_rows]
+    rows = _empty((n_rows, pool.shape[-1]), pool.dtype, scratch)
+    done = min(pool_rows, n_rows)
+    rows[:done] = pool[:done]
+    while done < n_rows:  # doubling copies: memcpy speed (np.tile goes through repeat, 10x slower)
+        k = min(done, n_rows - done)
+        rows[done:done + k] = rows[:k]
+        done += k
     return rows.reshape(*view.shape[:-1], pool.shape[-1])
+
+
+def _empty(shape: tuple[int, int], dtype, scratch: dict | None) -> Array:
+    """``np.empty(shape, dtype)``, or a view of ``scratch``'s buffer (grown as needed)."""
+    if scratch is None:
+        return np.empty(shape, dtype)
+    n = shape[0] * shape[1] * np.dtype(dtype).itemsize
+    buf = scratch.get("buf")
+    if buf is None or buf.nbytes < n:
+        buf = scratch["buf"] = np.empty(n, np.uint8)
+    return buf[:n].view(dtype).reshape(shape)
 
 
 def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str = "f16",
@@ -433,9 +456,12 @@ def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     # pass 2: the values, one HF tensor at a time
-    draw = random_weight if fill == "exact" else tiled_weight
-    for (gname, dt), (gname2, a, _) in zip(infos, gguf_tensors(cfg, graph, lambda n: draw(graph, n, seed)),
-                                           strict=True):
+    scratch: dict = {}  # each tensor is written before the next is drawn
+
+    def draw(name: str) -> Array:
+        return random_weight(graph, name, seed) if fill == "exact" else tiled_weight(graph, name, seed, scratch)
+
+    for (gname, dt), (gname2, a, _) in zip(infos, gguf_tensors(cfg, graph, draw), strict=True):
         assert gname == gname2
         w.write_tensor_data(np.ascontiguousarray(a.astype(dt, copy=False)))
     w.close()
