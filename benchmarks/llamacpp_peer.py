@@ -128,7 +128,9 @@ class Bench:
         self.jsonl.parent.mkdir(parents=True, exist_ok=True)
         from workbench.exec.llamacpp import physical_cores
 
-        self.threads = args.threads or physical_cores()  # both tools get the same, explicitly
+        # both tools get the same, explicitly: llama-bench's default, but no more than this process
+        # may run on (sysfs lists the host's cores, a container may get fewer)
+        self.threads = args.threads or min(physical_cores(), len(os.sched_getaffinity(0)))
         self.release_ours = False
 
     def left(self) -> float:
@@ -393,7 +395,8 @@ def main() -> int:
                    help="backend / llama-bench calls per configuration and round, interleaved A B A B")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--threads", type=int, default=0,
-                   help="CPU threads of both llama.cpp tools (default: llama-bench's, one per physical core)")
+                   help="CPU threads of both llama.cpp tools (default: llama-bench's, one per physical core, "
+                        "at most the CPUs this process may use)")
     p.add_argument("--weight-dtype", default="f16", choices=WEIGHT_DTYPES,
                    help="the GGUF's weights (and ours); q4_0/q8_0: issue 16's table")
     p.add_argument("--fill", default="tiled", choices=("tiled", "exact"),
