@@ -114,7 +114,7 @@ def gpu_calibration(name: str) -> str:
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from workbench.exec.llamacpp import LlamaCppOptions, build_folder
+        from workbench.exec.llamacpp import LlamaCppOptions, build_folder, physical_cores
         from workbench.llamacpp.build import llama_bench
         from workbench.llamacpp.switches import BuildInfo
 
@@ -126,8 +126,6 @@ class Bench:
         self.info = gpu_info()
         self.jsonl = Path(args.jsonl)
         self.jsonl.parent.mkdir(parents=True, exist_ok=True)
-        from workbench.exec.llamacpp import physical_cores
-
         # both tools get the same, explicitly: llama-bench's default, but no more than this process
         # may run on (sysfs lists the host's cores, a container may get fewer)
         self.threads = args.threads or min(physical_cores(), len(os.sched_getaffinity(0)))
