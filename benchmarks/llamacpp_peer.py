@@ -335,12 +335,15 @@ def summarize(recs: list[dict]) -> str:
     ratios = pair_ratios(recs)
     errors: dict[tuple[str, str, str], str] = {}
     envs: dict[str, str] = {}
+    labels: dict[tuple[str, str], str] = {}
     models: list[str] = []
     for r in recs:
         key = (r["model"], r["config"], r["tool"])
         if r["model"] not in models:
             models.append(r["model"])
         envs.setdefault(r["config"], " ".join(f"{k}={v}" for k, v in sorted(r.get("env", {}).items())) or "-")
+        if r.get("strategy"):  # as measured (older records: a smaller "fusion on" set)
+            labels.setdefault((r["model"], r["config"]), r["strategy"])
         if "us" in r:
             by.setdefault(key, []).extend(r["us"])
         else:
@@ -359,7 +362,8 @@ def summarize(recs: list[dict]) -> str:
                 ratio = f"{(st.median(vals['llamacpp']) / st.mean(vals['llama-bench']) - 1) * 100:+.1f} %"
             cells = [cell(vals[t]) if vals[t] else (f"error: {errors[(model, c, t)]}" if (model, c, t) in errors
                                                     else "-") for t in TOOLS]
-            lines.append(f"| {c} | {CONFIGS[c][0].label()} | `{envs.get(c, '-')}` | {cells[0]} | {cells[1]} | "
+            label = labels.get((model, c), CONFIGS[c][0].label())
+            lines.append(f"| {c} | {label} | `{envs.get(c, '-')}` | {cells[0]} | {cells[1]} | "
                          f"{ratio} | {cells[2]} | {cells[3]} |")
         lines += ["", "| knob (step) | from -> to | llama.cpp | llama-bench | ours (cuda) | sim |",
                   "|---|---|---:|---:|---:|---:|"]
