@@ -15,9 +15,12 @@ For each model (f16 by default, context 512, 64 tokens at positions 448..511 = l
 
 "fusion on" is llama.cpp's whole fusion set, ``switches.LLAMACPP_FUSION``, for both sides.
 ``--fill tiled`` (default) writes the GGUF at disk speed (``gguf_write.tiled_weight``) and
-both llama.cpp and ours run that file (ours reads its values, ``weights="host"``): the table
-compares time only, so no logits are read or compared; ``--fill exact`` writes the seeded
-weights (minutes for the big models) and ours runs the preset with device-drawn weights.
+both llama.cpp and ours run that file (ours reads its values, ``weights="host"``, unless the GPU
+cannot hold ours beside llama.cpp's copy: then GPU-drawn weights of the same distributions,
+``--ours-weights``): the table compares time only, so no logits are read or compared; ``--fill
+exact`` writes the seeded weights (minutes for the big models) and ours runs the preset with
+device-drawn weights. Decode time does not depend on the values, except MoE routing, which is
+random-like with any of these weights.
 ``--weight-dtype q4_0|q8_0`` writes the GGUF in that block type and runs ours in it (the
 ``cuda`` column shows the backend's error where it has no kernels for it). ``--context 32768
 --start-pos 32736 --tokens 32`` times tokens at the end of a 32k context (issue 21's gpt-oss
@@ -130,6 +133,7 @@ class Bench:
         # may run on (sysfs lists the host's cores, a container may get fewer)
         self.threads = args.threads or min(physical_cores(), len(os.sched_getaffinity(0)))
         self.release_ours = False
+        self.ours_weights = args.ours_weights
 
     def left(self) -> float:
         return self.args.budget_s - (time.time() - self.t0)
@@ -176,6 +180,11 @@ class Bench:
         # ours keeps the model's weights on the GPU across configurations, unless the GPU cannot
         # hold them beside llama.cpp's copy (the llama.cpp processes run in between)
         self.release_ours = 2.2 * size > gpu_bytes(self.info)
+        self.ours_weights = args.ours_weights
+        if self.ours_weights == "auto":  # the file's values, unless they would be read again per configuration
+            self.ours_weights = "file" if args.fill == "tiled" and not self.release_ours else "device"
+        print(f"ours: {self.ours_weights} weights" + (" (freed after each configuration)" if self.release_ours
+                                                      else ""), flush=True)
         ids = self.token_ids(cfg)
         names = self.configs_for(cfg)
         try:
@@ -249,8 +258,8 @@ class Bench:
         import workbench
 
         opts: dict[str, Any] = {"gpu": gpu_calibration(self.info["gpu"])} if backend == "sim" else {}
-        if backend == "cuda" and self.args.fill == "tiled":
-            opts["weights"] = "host"  # the GGUF's values (cfg was read from it), as llama.cpp runs them
+        if backend == "cuda":
+            opts["weights"] = "host" if self.ours_weights == "file" else "device"
         runs = 1 if backend == "sim" else self.args.ours_runs
         us = []
         try:
@@ -261,7 +270,7 @@ class Bench:
         finally:
             if backend == "cuda" and self.release_ours:
                 release_cuda()
-        return us, {"device": r.device}
+        return us, {"device": r.device, **({"ours_weights": self.ours_weights} if backend == "cuda" else {})}
 
 
 def release_cuda() -> None:
@@ -404,6 +413,10 @@ def main() -> int:
     p.add_argument("--fill", default="tiled", choices=("tiled", "exact"),
                    help="tiled: GGUF written at disk speed, both sides run the file (timing only, default); "
                         "exact: the seeded weights (minutes for the big models)")
+    p.add_argument("--ours-weights", default="auto", choices=("auto", "file", "device"),
+                   help="file: ours reads the tiled GGUF's values (what llama.cpp runs; gathering MoE experts "
+                        "takes up to minutes per model); device: drawn on the GPU in seconds, same distributions; "
+                        "auto (default): file, unless the GPU cannot keep ours beside llama.cpp's copy")
     p.add_argument("--drop-gguf", action="store_true",
                    help="delete each model's tiled GGUF when its configurations are done (a small disk)")
     p.add_argument("--config-s", type=float, default=45,
