@@ -435,6 +435,10 @@ def main() -> int:
             p.error(f"unknown config(s) {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
     md = Path(args.md or Path(args.jsonl).with_suffix(".md"))
     args.md = str(md)
+    if not args.summarize and args.context != args.start_pos + args.tokens:
+        print(f"note: llama-bench sizes its context as depth + tokens = {args.start_pos + args.tokens}; the "
+              f"backend and ours use --context {args.context} (set --context to match for identical set-ups)",
+              flush=True)
     if not args.summarize:
         bench = Bench(args)
         for spec in args.models.replace(",", " ").split():
