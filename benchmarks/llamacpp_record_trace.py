@@ -25,9 +25,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workbench.exec.calibrate.llamacpp_record import CONTEXT, START, TOKENS, Capture, record  # noqa: E402
+from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
-FUSIONS = frozenset({"rms-norm-mul", "copy-elim"})  # llama.cpp's fusion pass on (its default)
+FUSIONS = LLAMACPP_FUSION  # llama.cpp's fusion pass on (its default)
 MODEL, LAYERS = "llama-3.2-1b", 2
 RECIPES: dict[str, Capture] = {c.stem: c for c in (
     Capture(MODEL, LAYERS, "graphs", Strategy(graphs=True, fusion=FUSIONS)),

@@ -13,14 +13,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
+from ...llamacpp.switches import LLAMACPP_FUSION as FUSED  # llama.cpp's fusion pass on (its default)
 from ...strategy import Strategy
 
 #: the decode window a capture records by default: 6 tokens at positions 448..453 of a 512 context
 CONTEXT, START, TOKENS = 512, 448, 6
-
-
-#: llama.cpp's fusion pass on (its default); the fit plans llama.cpp's whole fusion set from it
-FUSED = frozenset({"rms-norm-mul", "copy-elim"})
 
 
 @dataclass(frozen=True)
