@@ -68,7 +68,9 @@ class LlamaCppOptions:
     ``warmup``: one untimed token first (llama-bench does); ``threads``: CPU threads (0:
     llama-bench's default, :func:`physical_cores`); ``flash_attn``: llama-bench's ``-fa 1``;
     ``logits``: read the tokens' logits in one more, untimed repetition (off: the run's logits
-    are None); ``timeout_s``: per worker process."""
+    are None); ``fill``: how a preset's GGUF is written (``exact``: ``random_weights(seed)``, the
+    logits compare with the reference; ``tiled``: a timing run's, written in seconds, see
+    ``gguf_write.FILLS``); ``timeout_s``: per worker process."""
 
     build: str | None = None
     gpu_layers: int = -1
@@ -77,6 +79,7 @@ class LlamaCppOptions:
     threads: int = 0
     flash_attn: bool = True
     logits: bool = True
+    fill: str = "exact"
     timeout_s: float = 900.0
 
 
@@ -96,7 +99,7 @@ def build_folder(options: LlamaCppOptions) -> Path:
     return Path(folder).resolve()
 
 
-def model_file(cfg: ModelConfig, seed: int) -> Path:
+def model_file(cfg: ModelConfig, seed: int, fill: str = "exact") -> Path:
     """The GGUF llama.cpp runs: the user's file, or the config's written with seeded weights (in
     the config's block type when ``--weight-dtype`` names one: the blocks the reference runs)."""
     from ..models import from_gguf
@@ -109,7 +112,7 @@ def model_file(cfg: ModelConfig, seed: int) -> Path:
             raise BackendError(f"{src} has {n_file} layers and llama.cpp runs a GGUF as it is: drop --layers "
                                f"({cfg.n_layer}) or pass the preset name to write a {cfg.n_layer}-layer GGUF")
         return Path(src)
-    return cached_gguf(cfg, seed=seed, qtype=cfg.weight_dtype if is_quantized(cfg.weight_dtype) else "f16")
+    return cached_gguf(cfg, seed=seed, qtype=cfg.weight_dtype if is_quantized(cfg.weight_dtype) else "f16", fill=fill)
 
 
 def has_gdn(cfg: ModelConfig) -> bool:
@@ -151,7 +154,7 @@ class LlamaCppBackend:
             raise BackendError(f"--trace records llama.cpp's CUDA kernels with CUPTI; the build in {folder} is "
                                "CPU-only: point --llamacpp at a CUDA build")
         req.report("weights")
-        path = model_file(req.cfg, req.seed)
+        path = model_file(req.cfg, req.seed, opts.fill)
         gpu_layers = opts.gpu_layers if opts.gpu_layers >= 0 else (999 if info.cuda else 0)
         rng = np.random.default_rng([req.seed, 1])
         prompt = [int(t) for t in rng.integers(0, req.cfg.get("vocab_size"), req.start_pos)]

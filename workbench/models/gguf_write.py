@@ -369,8 +369,6 @@ def tiled_weight(graph, name: str, seed: int = 0, scratch: dict | None = None) -
     With ``scratch`` (a dict the caller keeps) a large result lives in a buffer the next call
     reuses: a writer that writes each tensor before drawing the next skips the page faults of a
     fresh allocation, most of a tiled write's time."""
-    from dataclasses import replace
-
     from .weights import _init, _stable_hash, random_weight, to_storage
 
     view = graph.weights[name]
@@ -380,9 +378,7 @@ def tiled_weight(graph, name: str, seed: int = 0, scratch: dict | None = None) -
     n_rows = view.numel // k
     pool_rows = max(1, POOL_ELEMS // k)
     rng = np.random.default_rng([seed, _stable_hash(name)])
-    fan_in = graph.meta.get("weight_fan_in", {}).get(name) or k  # the full tensor's, as random_weight
-    pool = to_storage(np.asarray(_init(name, replace(view, shape=(pool_rows, k)), rng, fan_in), np.float32),
-                      view.dtype)
+    pool = to_storage(np.asarray(_init(name, (pool_rows, k), rng, fan_in=k), np.float32), view.dtype)
     rows = _empty((n_rows, pool.shape[-1]), pool.dtype, scratch)
     done = min(pool_rows, n_rows)
     rows[:done] = pool[:done]

@@ -51,8 +51,9 @@ def record(cap: Capture, out_dir: Path, suffix: str = ".parquet") -> tuple[Path,
 
     cfg = preset(cap.model, layers=cap.layers, context=cap.context)
     ids = [int(t) for t in range(1000, 1000 + 37 * cap.tokens, 37)]
+    # timing only: a tiled GGUF (written in seconds) and no logits pass
     run = LlamaCppBackend().run(RunRequest(cfg, cap.strategy, [], ids, start_pos=cap.start_pos, trace=True,
-                                           options=LlamaCppOptions()))
+                                           options=LlamaCppOptions(fill="tiled", logits=False)))
     ev = run.trace.events
     ev = ev[ev["token"] >= 0].reset_index(drop=True)
     meta = dict(run.trace.meta, recipe=cap.stem, config=cap.config, model=cap.model,
