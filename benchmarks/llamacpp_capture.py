@@ -60,6 +60,14 @@ def bundle(out_dir: Path, tar: Path | None = None) -> Path:
     return tar
 
 
+def drop_tiled(model: str) -> None:
+    """Delete the cached tiled GGUFs of ``model`` (what the captures' timing runs wrote)."""
+    from workbench.models.gguf_write import cache_dir
+
+    for f in cache_dir().glob(f"{model}-*-tiled-*.gguf"):
+        f.unlink(missing_ok=True)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--models", default=" ".join(f"{m}:{n}" if n else m for m, n in MODELS.items()),
@@ -72,6 +80,9 @@ def main() -> int:
     p.add_argument("--tar", type=Path, help="where to write the bundle (default <out-dir>.tar); e.g. $OUT/x.tar "
                                             "with --out-dir on a path that survives between calls")
     p.add_argument("--no-tar", action="store_true", help="leave the folder unbundled")
+    p.add_argument("--drop-gguf", action="store_true",
+                   help="delete a model's tiled GGUF after its captures (rewritten in seconds; a 64 GiB disk holds "
+                        "few big ones)")
     args = p.parse_args()
     configs = [c for c in args.configs.split(",") if c]
     unknown = sorted(set(configs) - set(CONFIGS))
@@ -80,7 +91,10 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log = args.out_dir / "captures.jsonl"
     t0, rc = time.time(), 0
-    for cap in captures(args.models.replace(",", " ").split(), configs, args.tokens):
+    todo = captures(args.models.replace(",", " ").split(), configs, args.tokens)
+    for i, cap in enumerate(todo):
+        if args.drop_gguf and i and todo[i - 1].model != cap.model:
+            drop_tiled(todo[i - 1].model)
         if (args.out_dir / f"{cap.stem}.parquet").exists():
             continue
         if time.time() - t0 > args.budget_s:
@@ -100,6 +114,8 @@ def main() -> int:
         with open(log, "a") as f:
             f.write(json.dumps(rec) + "\n")
         print(json.dumps(rec), flush=True)
+    if args.drop_gguf and todo:
+        drop_tiled(todo[-1].model)
     if not args.no_tar:
         print(f"bundled {bundle(args.out_dir, args.tar)}", flush=True)
     return rc
