@@ -1,14 +1,17 @@
 """Eager knob effects, GPU vs simulator: each knob alone on top of ``eager`` (no CUDA graph), its
 measured speedup on the ``cuda`` backend beside the simulator's (issue 20).
 
-    # on the GPU: measure (untraced runs of the cuda executor), write JSON
-    python benchmarks/eager_knobs.py measure --out $OUT/eager_knobs_h200.json
+    # on the GPU: measure (untraced runs of the cuda executor, interleaved), write JSON lines
+    python benchmarks/eager_knobs.py measure --out $OUT/eager_knobs_h200.jsonl
     # anywhere: simulate the same cells with the shipped calibration, write the report
-    python benchmarks/eager_knobs.py report [--measured data/bench/eager_knobs_h200.json]
+    python benchmarks/eager_knobs.py report [--measured data/bench/decode_matrix_h200.jsonl]
 
-The report also reads the eager cells already committed: ``gpu_decode.json`` (llama-3.2-1b, all
-layers, and qwen3-next-80b-a3b --layers 8; steps 448.. of context 512, median of 10 runs of 64
-tokens) and the calibration runs of ``workbench calibrate`` (``calibration_raw_h200.json.gz``).
+With ``--measured`` (this script's ``measure`` or ``benchmarks/decode_matrix.py``'s, which also
+holds the fidelity matrix: one interleaved run, so every knob is compared with an ``eager`` run
+of the same minutes) the report reads that file alone. Without it, it reads the eager cells
+already committed: ``gpu_decode.json`` (llama-3.2-1b, all layers, and qwen3-next-80b-a3b
+--layers 8; steps 448.. of context 512, median of 10 runs of 64 tokens) and the calibration runs
+of ``workbench calibrate`` (``calibration_raw_h200.json.gz``), taken at different times.
 A knob's speedup is ``t(eager) / t(eager + knob) - 1``, as in the fidelity report. Cells marked
 *fitted* are the ones ``python -m workbench.exec.fit_eager`` fitted ``eager_pdl_release_ns`` and
 ``eager_channel_switch_ns`` to; the others are held out.
@@ -20,12 +23,9 @@ import argparse
 import gzip
 import json
 import sys
-import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
-import numpy as np
 import pandas as pd
 
 from workbench.strategy import Strategy
@@ -41,6 +41,7 @@ KNOBS: dict[str, Strategy] = {
     "boundary": Strategy(sync="boundary"),
     "implicit": Strategy(sync="implicit"),
     "copy-elim": Strategy(fusion=frozenset({"copy-elim"})),
+    "pdl+qkv+implicit": Strategy(pdl=True, streams="qkv", sync="implicit", allocator="stream-aware"),
 }
 #: (model, layers, context, first step): the shapes of the issue's acceptance
 MODELS = (("llama-3.2-1b", None, 512, 448), ("qwen3-next-80b-a3b", 8, 512, 448))
@@ -51,6 +52,8 @@ DECODE_ROWS = {"pdl": "pdl", "qkv": "qkv+stream-aware", "boundary": "boundary", 
 CALIBRATION_ROWS = {"eager+pdl": "pdl", "eager+qkv+boundary": "qkv+boundary"}
 FITTED = {("calibrate", "pdl"), ("calibrate", "qkv+boundary"), ("gpu_decode", "pdl"),
           ("gpu_decode", "qkv+stream-aware")}
+#: in a measured file (``fit_eager --measured``): the knobs whose cells the fit uses
+FITTED_KNOBS = {"pdl", "qkv+boundary", "qkv+stream-aware"}
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,9 @@ class Cell:
     knob: str
     eager_us: float
     knob_us: float
+    #: the measured speedup's spread (%) from the runs' min-max, where the file has it
+    lo: float = float("nan")
+    hi: float = float("nan")
 
     @property
     def label(self) -> str:
@@ -73,32 +79,12 @@ class Cell:
 # ------------------------------------------------------------------------------------------
 # measure (GPU)
 # ------------------------------------------------------------------------------------------
-def measure(tokens: int, repeats: int, seed: int = 0) -> dict[str, Any]:
-    import workbench
-    from workbench.exec.calibrate.environment import environment, warm_gpu
-    from workbench.exec.cuda import CudaExecutor
-    from workbench.models import load_config
+def matrix(models=MODELS) -> list:
+    """The measured cells: ``eager`` and each knob on top of it, per model shape."""
+    from workbench.exec.calibrate.decode_matrix import MatrixModel
+    from workbench.exec.calibrate.specs import ModelSpec
 
-    env = environment()
-    warm_gpu()
-    rows = []
-    for model, layers, context, pos in MODELS:
-        cfg = load_config(model, layers=layers, context=context)
-        first = None  # the model's first executor: the others reuse its weights on the GPU
-        for knob, st in {"eager": Strategy(), **KNOBS}.items():
-            t0 = time.perf_counter()
-            ex = CudaExecutor(cfg, st, "device", seed, share=first)
-            first = first or ex
-            workbench.run(cfg, st, tokens=4, backend="cuda", seed=seed, start_pos=pos, executor=ex)  # warm-up
-            us = [workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, start_pos=pos,
-                                executor=ex).stats["us_per_token"] for _ in range(repeats)]
-            rows.append({"model": model, "layers": layers, "context": context, "pos": pos, "strategy": knob,
-                         "tokens": tokens, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
-                         "us_max": float(np.max(us)), "runs_us": us})
-            print(f"{model:20s} L{layers} {knob:18s} {np.median(us):9.1f} us/token [{np.min(us):.1f}-{np.max(us):.1f}]"
-                  f"  {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-        del first, ex
-    return {"environment": env, "tokens": tokens, "repeats": repeats, "rows": rows}
+    return [MatrixModel(ModelSpec(*m), (Strategy(), *KNOBS.values())) for m in models]
 
 
 # ------------------------------------------------------------------------------------------
@@ -128,17 +114,24 @@ def committed_cells(sim_tokens: int = 16) -> list[Cell]:
 
 
 def measured_cells(path: Path, sim_tokens: int = 16) -> list[Cell]:
-    data = json.loads(path.read_text())
-    df = pd.DataFrame(data["rows"])
+    """Each knob's cell on each model shape of a measured file that holds it beside ``eager``."""
+    from workbench.exec.calibrate.decode_matrix import read_matrix
+
+    env, df = read_matrix(path)
+    by_label = {st.label(): knob for knob, st in KNOBS.items()}
+    df["knob"] = df["strategy"].map(lambda x: by_label.get(x, x))  # older files: the knob's name
     cells = []
     for (model, layers), g in df.groupby(["model", df["layers"].fillna(0)], sort=False):
-        us = dict(zip(g["strategy"], g["us_per_token"]))
+        by = g.set_index("knob")
         r = g.iloc[0]
         for knob in KNOBS:
-            if knob in us and "eager" in us:
-                cells.append(Cell(f"eager_knobs ({data['environment'].get('date', '')[:10]})", model,
+            if knob in by.index and "eager" in by.index:
+                e, k = by.loc["eager"], by.loc[knob]
+                spread = ((100 * (e["us_min"] / k["us_max"] - 1), 100 * (e["us_max"] / k["us_min"] - 1))
+                          if "us_min" in by else (float("nan"), float("nan")))
+                cells.append(Cell(f"{Path(path).stem} ({str(env.get('date', ''))[:10]})", model,
                                   int(layers) or None, int(r["context"]), int(r["pos"]), sim_tokens, knob,
-                                  us["eager"], us[knob]))
+                                  float(e["us_per_token"]), float(k["us_per_token"]), *spread))
     return cells
 
 
@@ -162,10 +155,12 @@ def predict(cells: list[Cell], gpu: str = "h200") -> pd.DataFrame:
     for c in cells:
         e, k = sim(c, Strategy()), sim(c, KNOBS[c.knob])
         meas, pred = 100 * (c.eager_us / c.knob_us - 1), 100 * (e / k - 1)
-        rows.append({"source": c.source, "model": c.label, "knob": c.knob,
-                     "fitted": (c.source, c.knob) in FITTED,
+        fitted = (c.source, c.knob) in FITTED or (c.source not in ("calibrate", "gpu_decode")
+                                                   and c.knob in FITTED_KNOBS)
+        rows.append({"source": c.source, "model": c.label, "knob": c.knob, "fitted": fitted,
                      "eager_us": c.eager_us, "knob_us": c.knob_us, "sim_eager_us": e, "sim_knob_us": k,
-                     "measured_pct": meas, "simulated_pct": pred, "diff_pp": pred - meas})
+                     "measured_pct": meas, "measured_lo": c.lo, "measured_hi": c.hi, "simulated_pct": pred,
+                     "diff_pp": pred - meas})
     return pd.DataFrame(rows)
 
 
@@ -178,10 +173,10 @@ def _md(df: pd.DataFrame) -> str:
 
 
 def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path | None = None) -> pd.DataFrame:
-    cells = committed_cells() + (measured_cells(measured) if measured else [])
+    cells = measured_cells(measured) if measured else committed_cells()
     df = predict(cells, gpu)
     cols = ["source", "model", "knob", "fitted", "eager_us", "knob_us", "sim_eager_us", "sim_knob_us",
-            "measured_pct", "simulated_pct", "diff_pp"]
+            "measured_pct", *(["measured_lo", "measured_hi"] if measured else []), "simulated_pct", "diff_pp"]
     if before is not None:  # another simulator's report of the same cells (e.g. before issue 20)
         b = pd.read_csv(before)[["source", "model", "knob", "diff_pp"]].rename(columns={"diff_pp": "before_pp"})
         df = df.merge(b, on=["source", "model", "knob"], how="left")
@@ -189,17 +184,24 @@ def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path
     out_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_dir / f"eager_knobs_{gpu}.csv", index=False)
     within = (df["diff_pp"].abs() <= 2).sum()
+    noop = df[df["sim_eager_us"] == df["sim_knob_us"]]  # the knob leaves the Plan's timing unchanged
+    control = ("Control: knobs that leave this model's simulated time unchanged (0.0 %) measured "
+               + ", ".join(f"{r.model} {r.knob} {r.measured_pct:+.1f} %" for r in noop.itertuples())
+               + ": the drift between the runs compared, which the 2 pp target sits on.\n\n") if len(noop) else ""
     text = [f"# Eager knob effects: GPU vs simulator ({gpu})\n\n",
             "Generated by `python benchmarks/eager_knobs.py report`"
-            + (f" with `{measured}`" if measured else "") + f", simulated with `data/calibration/{gpu}.json`. "
-            "Measured: the `cuda` backend on an H200 (Python host, untraced): `gpu_decode.json` "
-            "(2026-11-21, median of 10 runs of 64 tokens, steps 448..511), the calibration runs of "
-            "`calibration_raw_h200.json.gz` (2026-11-21, 12 tokens from step 0)"
-            + (", and the measured file above" if measured else "") + ". Speedup = t(eager) / t(eager + knob) - 1. "
+            + (f" --measured {measured}" if measured else "") + f", simulated with `data/calibration/{gpu}.json`. "
+            "Measured: the `cuda` backend on an H200 (Python host, untraced): "
+            + (f"`{measured}` (one interleaved run, median over rounds)" if measured else
+               "`gpu_decode.json` (2026-11-21, median of 10 runs of 64 tokens, steps 448..511), the calibration "
+               "runs of `calibration_raw_h200.json.gz` (2026-11-21, 12 tokens from step 0)")
+            + ". Speedup = t(eager) / t(eager + knob) - 1. "
             + (f"`before_pp`: diff_pp of the simulator in `{before}`. " if before is not None else "") +
             "*fitted*: the cells `python -m workbench.exec.fit_eager` fitted `eager_pdl_release_ns` and "
-            "`eager_channel_switch_ns` to (the others are held out).\n\n",
-            f"{within} of {len(df)} knob effects within 2 pp.\n\n",
+            "`eager_channel_switch_ns` to (the others are held out)"
+            + (" when the calibration was fitted with `--measured` on this file; `measured_lo`/`measured_hi`: "
+               "the speedup's spread from the rounds' min-max" if measured else "") + ".\n\n",
+            f"{within} of {len(df)} knob effects within 2 pp.\n\n", control,
             _md(df[cols])]
     (out_dir / f"eager_knobs_{gpu}.md").write_text("".join(text))
     print("".join(text))
@@ -209,10 +211,11 @@ def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="run the eager knobs on this GPU (untraced) and write JSON")
+    m = sub.add_parser("measure", help="run the eager knobs on this GPU (untraced) and write JSON lines")
     m.add_argument("--out", required=True)
     m.add_argument("--tokens", type=int, default=32)
     m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--budget", type=float, help="start no model after this many seconds")
     r = sub.add_parser("report", help="simulate the cells and write the report to data/bench/")
     r.add_argument("--measured", type=Path, help="JSON of `measure` (more cells)")
     r.add_argument("--gpu", default="h200")
@@ -220,7 +223,9 @@ def main() -> int:
     r.add_argument("--out-dir", type=Path, default=BENCH)
     args = p.parse_args()
     if args.cmd == "measure":
-        Path(args.out).write_text(json.dumps(measure(args.tokens, args.repeats), indent=1))
+        from workbench.exec.calibrate.decode_matrix import measure_matrix
+
+        measure_matrix(matrix(), Path(args.out), args.tokens, args.repeats, budget_s=args.budget)
         return 0
     report(args.measured, args.out_dir, args.gpu, args.before)
     return 0

@@ -61,8 +61,10 @@ SEG = {"MMV_SEG_K_MAX": 1 << 16}
 #: op -> variant name -> cuda_ops constants it sets ("default": as the module has them)
 VARIANTS: dict[str, dict[str, dict[str, object]]] = {
     "MUL_MAT": {"default": {}, "block": {"MMV_ROWS_MIN": 1 << 30}, "rows": {"MMV_ROWS_MIN": 0},
-                "seg16": {**SEG, "MMV_SEG_LANES": 16}, "seg8": {**SEG, "MMV_SEG_LANES": 8}},
-    "MUL_MAT_ID": {"default": {}, "seg16": {**SEG, "MMV_SEG_LANES": 16}, "seg8": {**SEG, "MMV_SEG_LANES": 8}},
+                "seg16": {**SEG, "MMV_SEG_MUL_MAT": True, "MMV_SEG_LANES": 16},
+                "seg8": {**SEG, "MMV_SEG_MUL_MAT": True, "MMV_SEG_LANES": 8}},
+    "MUL_MAT_ID": {"default": {}, "warp": {"MMV_SEG_K_MAX": 0}, "seg16": {**SEG, "MMV_SEG_LANES": 16},
+                   "seg8": {**SEG, "MMV_SEG_LANES": 8}},
     "FLASH_ATTN_EXT": {"default": {}, "gqa": {"FA_VARIANT": "gqa"}},
 }
 

@@ -2,13 +2,17 @@
 # Issue 13's GPU stages in one call (the device machine keeps nothing between cold calls):
 #   build   llama.cpp with CUDA from the carried peer tree (.peer/device_build.sh: llama-bench and
 #           libllama.so / libggml*.so for sm_90, ~3.5 min on 16 cores; resumes while the machine is warm)
-#   tests   the llamacpp backend's GPU tests (tests/gpu/test_llamacpp.py)
+#   tests   the llamacpp backend's GPU tests (tests/gpu/test_llamacpp.py: logits per family and knob,
+#           a trace, and the backend within 3 % of llama-bench)
 #   traces  three small CUPTI timelines of llama.cpp (benchmarks/llamacpp_record_trace.py) -> $OUT/traces/
-#   bench   benchmarks/llamacpp_peer.py on $MODELS with what is left of the call's time
-# Everything goes to $OUT (default ./out): log.txt, peer_build.log, gpu_tests.log, traces/,
-# llamacpp_peer.jsonl and llamacpp_peer_<gpu>.md.
+#   bench   benchmarks/llamacpp_peer.py on $MODELS with what is left of TOTAL_S (tiled GGUFs, each
+#           deleted when its model is done: the disk holds few big ones); BENCH_ARGS adds options
+#           (--context 32768 --start-pos 32736 --tokens 32, --configs ..., --config-s ...);
+#           WEIGHT_DTYPES="q4_0 q8_0" runs one pass per block type (default f16)
+# Everything goes to $OUT (default ./out), at most 8 files: log.txt, peer_build.log, gpu_tests.log,
+# llamacpp_peer.jsonl, llamacpp_peer_<gpu><TAG>.md, and traces/ (3 files) when that stage runs.
 # Carry the peer folder as .peer/ (git-ignored) and the wheels as .whl/:
-#   STAGES=build,tests,traces,bench MODELS="llama-3.2-1b" TOTAL_S=540 bash benchmarks/llamacpp_gpu_run.sh
+#   STAGES=build,tests,bench MODELS="llama-3.2-1b qwen3-30b-a3b:8" TOTAL_S=560 bash benchmarks/llamacpp_gpu_run.sh
 set -uo pipefail
 cd "$(dirname "$0")/.."
 OUT=${OUT:-out}
@@ -40,7 +44,7 @@ export LD_LIBRARY_PATH=$PEER_BUILD/shim/lib:${LD_LIBRARY_PATH:-}
 echo "[+$(elapsed)s] llama.cpp build: $WORKBENCH_LLAMACPP"
 
 if has tests; then
-  timeout ${TESTS_TIMEOUT:-150} python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_llamacpp.py \
+  timeout ${TESTS_TIMEOUT:-240} python3 -m pytest -q -s -p no:cacheprovider tests/gpu/test_llamacpp.py \
     > "$OUT/gpu_tests.log" 2>&1
   grep -E "worst relative|kernels without|passed|failed|error" "$OUT/gpu_tests.log" | tail -30
   echo "[+$(elapsed)s] tests done"
@@ -50,10 +54,17 @@ if has traces; then
   echo "[+$(elapsed)s] traces done"
 fi
 if has bench; then
-  left=$(( ${TOTAL_S:-540} - $(elapsed) - 20 ))
-  if [ $left -lt 60 ]; then echo "[+$(elapsed)s] ${left}s left: too little for the benchmark; run STAGES=bench"; exit 0; fi
-  timeout $(( left + 15 )) python3 benchmarks/llamacpp_peer.py --models "${MODELS:-llama-3.2-1b}" --budget-s $left \
-    --reps ${REPS:-5} --rounds ${ROUNDS:-2} ${BENCH_ARGS:-} \
-    --jsonl "$OUT/llamacpp_peer.jsonl" --md "$OUT/llamacpp_peer_${GPU}.md" 2>&1 | grep -v "^workbench: " | tail -80
-  echo "[+$(elapsed)s] bench done"
+  # one pass per weight dtype (WEIGHT_DTYPES="q4_0 q8_0": issue 16's table), all into one jsonl and
+  # one markdown; each pass gets an equal share of the time left
+  dtypes=(${WEIGHT_DTYPES:-f16})
+  for i in "${!dtypes[@]}"; do
+    wd=${dtypes[$i]}
+    left=$(( ${TOTAL_S:-540} - $(elapsed) - 20 ))
+    share=$(( left / (${#dtypes[@]} - i) ))
+    if [ $share -lt 60 ]; then echo "[+$(elapsed)s] ${share}s left: too little for the $wd benchmark; run STAGES=bench"; break; fi
+    timeout $(( share + 15 )) python3 benchmarks/llamacpp_peer.py --models "${MODELS:-llama-3.2-1b}" --budget-s $share \
+      --weight-dtype "$wd" --reps ${REPS:-5} --pairs ${PAIRS:-2} --rounds ${ROUNDS:-2} --drop-gguf ${BENCH_ARGS:-} \
+      --jsonl "$OUT/llamacpp_peer.jsonl" --md "$OUT/llamacpp_peer_${GPU}${TAG:-}.md" 2>&1 | grep -v "^workbench: " | tail -60
+    echo "[+$(elapsed)s] bench ($wd) done"
+  done
 fi

@@ -1,15 +1,31 @@
 """llama.cpp beside the workbench on one GPU: each knob alone and stacked (issue 13, item 4).
 
-For each model (f16, context 512, 64 tokens at positions 448..511 = llama-bench's ``tg64 @ d448``)
-and each switch configuration, four numbers of us/token:
+For each model (f16 by default, context 512, 64 tokens at positions 448..511 = llama-bench's
+``tg64 @ d448``) and each switch configuration, four numbers of us/token:
 
-- **llama.cpp** through the ``llamacpp`` backend (its worker process, per-token decode +
-  synchronize, ``--reps`` repetitions per round);
-- **llama-bench** of the same build, same GGUF and environment (``-p 0 -n 64 -d 448 -fa 1``),
-  to show the backend times llama.cpp as llama-bench does (acceptance: within 3 %);
+- **llama.cpp** through the ``llamacpp`` backend (its worker process, set up and timed as
+  llama-bench's ``tg`` test, ``--reps`` repetitions per call);
+- **llama-bench** of the same build, same GGUF, environment and parameters (``-p 0 -n 64 -d 448
+  -fa 1 -t T -b 2048 -ub 512``), to show the backend times llama.cpp as llama-bench does
+  (acceptance: within 3 %). The two run interleaved, A B A B (``--pairs``), and each pair's
+  ratio is kept, so the GPU's drift between calls does not count as disagreement;
 - **ours**: the workbench's ``cuda`` backend under the same Strategy (``qkv`` with the
   stream-aware allocator, which our executor needs for concurrent streams);
 - **sim**: the simulator with this GPU's calibration, same Strategy as ours.
+
+"fusion on" is llama.cpp's whole fusion set, ``switches.LLAMACPP_FUSION``, for both sides.
+``--fill tiled`` (default) writes the GGUF at disk speed (``gguf_write.tiled_weight``) and
+both llama.cpp and ours run that file (ours reads its values, ``weights="host"``, unless the GPU
+cannot hold ours beside llama.cpp's copy: then GPU-drawn weights of the same distributions,
+``--ours-weights``): the table compares time only, so no logits are read or compared; ``--fill
+exact`` writes the seeded weights (minutes for the big models) and ours runs the preset with
+device-drawn weights. Decode time does not depend on the values, except MoE routing, which is
+random-like with any of these weights.
+``--weight-dtype q4_0|q8_0`` writes the GGUF in that block type and runs ours in it (the
+``cuda`` column shows the backend's error where it has no kernels for it). ``--context 32768
+--start-pos 32736 --tokens 32`` times tokens at the end of a 32k context (issue 21's gpt-oss
+row: llama.cpp's depth prefill is decoded once per call and its state restored per
+repetition, as llama-bench does; ours runs the iSWA ring, the config's default).
 
 Configurations run in ``--rounds`` passes (every other one in reverse order); medians and
 min..max over all repetitions of all rounds. Results are appended to a JSONL file as they come
@@ -39,9 +55,9 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.llamacpp.switches import LLAMACPP_FUSION as FUSIONS  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
-FUSIONS = frozenset({"rms-norm-mul", "copy-elim"})  # llama.cpp's fusion pass (its default: on)
 #: name -> (Strategy as llama.cpp switches, which models: "all" / "gdn", needs a peer patch)
 CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
     "default": (Strategy(graphs=True, pdl=True, fusion=FUSIONS), "all", None),
@@ -53,7 +69,7 @@ CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
     "eager": (Strategy(), "all", None),
     "graphs": (Strategy(graphs=True), "all", None),
     "graphs_pdl_qkv": (Strategy(graphs=True, pdl=True, streams="qkv"), "all", None),
-    "gdn_unfused": (Strategy(graphs=True, pdl=True, fusion={"rms-norm-mul"}), "gdn", "gdn_fusion_patch"),
+    "gdn_unfused": (Strategy(graphs=True, pdl=True, fusion=FUSIONS - {"copy-elim"}), "gdn", "gdn_fusion_patch"),
     "sync_boundary": (Strategy(graphs=True, pdl=True, fusion=FUSIONS, sync="boundary"), "all", "sched_sync_patch"),
     "sync_implicit": (Strategy(graphs=True, pdl=True, fusion=FUSIONS, sync="implicit"), "all", "sched_sync_patch"),
 }
@@ -75,6 +91,8 @@ STEPS: list[tuple[str, str, str]] = [
 MODELS = {"llama-3.2-1b": None, "llama-3.1-8b": None, "qwen3-30b-a3b": 8, "qwen3-next-80b-a3b": 8,
           "gpt-oss-20b": 8}
 TOOLS = ("llamacpp", "llama-bench", "cuda", "sim")
+#: GGUF block types the table can be written in (issue 16's acceptance table: q4_0 and q8_0)
+WEIGHT_DTYPES = ("f16", "q4_0", "q8_0")
 
 
 def ours(strategy: Strategy) -> Strategy:
@@ -99,7 +117,7 @@ def gpu_calibration(name: str) -> str:
 
 class Bench:
     def __init__(self, args: argparse.Namespace) -> None:
-        from workbench.exec.llamacpp import LlamaCppOptions, build_folder
+        from workbench.exec.llamacpp import LlamaCppOptions, build_folder, physical_cores
         from workbench.llamacpp.build import llama_bench
         from workbench.llamacpp.switches import BuildInfo
 
@@ -111,6 +129,11 @@ class Bench:
         self.info = gpu_info()
         self.jsonl = Path(args.jsonl)
         self.jsonl.parent.mkdir(parents=True, exist_ok=True)
+        # both tools get the same, explicitly: llama-bench's default, but no more than this process
+        # may run on (sysfs lists the host's cores, a container may get fewer)
+        self.threads = args.threads or min(physical_cores(), len(os.sched_getaffinity(0)))
+        self.release_ours = False
+        self.ours_weights = args.ours_weights
 
     def left(self) -> float:
         return self.args.budget_s - (time.time() - self.t0)
@@ -136,42 +159,71 @@ class Bench:
         return out
 
     def run_model(self, spec: str) -> None:
-        from workbench.api import token_ids
         from workbench.models import load_config
         from workbench.models.gguf_write import cached_gguf
 
         name, _, layers = spec.partition(":")
         layers = int(layers) if layers else MODELS.get(name)
-        cfg = load_config(name, layers=layers, context=self.args.context)
-        label = f"{name}" + (f" ({layers} layers)" if layers else "")
+        args = self.args
+        cfg = load_config(name, layers=layers, context=args.context)
+        if args.weight_dtype != "f16":
+            cfg = cfg.with_(weight_dtype=args.weight_dtype)
+        label = f"{name}" + (f" ({layers} layers)" if layers else "") + (
+            f" {args.weight_dtype}" if args.weight_dtype != "f16" else "") + (
+            f" @ {args.start_pos}" if args.start_pos != 448 else "")
         t = time.time()
-        gguf = cached_gguf(cfg)
-        print(f"GGUF {gguf} ready in {time.time() - t:.0f} s", flush=True)
-        ids = token_ids(cfg, self.args.tokens, 0)
+        gguf = cached_gguf(cfg, qtype=args.weight_dtype, fill=args.fill)
+        size = gguf.stat().st_size
+        print(f"GGUF {gguf} ({size / 2**30:.1f} GiB, {args.fill} fill) ready in {time.time() - t:.0f} s", flush=True)
+        if args.fill == "tiled":  # both sides run the file: the values llama.cpp reads
+            cfg = load_config(str(gguf), context=args.context)
+        # ours keeps the model's weights on the GPU across configurations, unless the GPU cannot
+        # hold them beside llama.cpp's copy (the llama.cpp processes run in between)
+        self.release_ours = 2.2 * size > gpu_bytes(self.info)
+        self.ours_weights = args.ours_weights
+        if self.ours_weights == "auto":  # the file's values, unless they would be read again per configuration
+            self.ours_weights = "file" if args.fill == "tiled" and not self.release_ours else "device"
+        print(f"ours: {self.ours_weights} weights" + (" (freed after each configuration)" if self.release_ours
+                                                      else ""), flush=True)
+        ids = self.token_ids(cfg)
         names = self.configs_for(cfg)
-        for rnd in range(self.args.rounds):
-            for cname in (names if rnd % 2 == 0 else names[::-1]):
-                if self.left() < 45:  # a configuration takes up to ~40 s (four tools, model loads)
-                    print(f"time budget reached: stopping before {label} {cname} round {rnd + 1}", flush=True)
-                    return
-                self.run_config(cfg, label, cname, rnd, gguf, ids)
-                if self.args.md:  # a call cut by its time limit keeps the table so far
-                    Path(self.args.md).write_text(summarize(load([str(self.jsonl)])))
+        try:
+            for rnd in range(args.rounds):
+                for cname in (names if rnd % 2 == 0 else names[::-1]):
+                    if self.left() < args.config_s:
+                        print(f"time budget reached: stopping before {label} {cname} round {rnd + 1}", flush=True)
+                        return
+                    self.run_config(cfg, label, cname, rnd, gguf, ids)
+                    if self.args.md:  # a call cut by its time limit keeps the table so far
+                        Path(self.args.md).write_text(summarize(load([str(self.jsonl)])))
+        finally:
+            if args.drop_gguf and args.fill == "tiled":  # rewritten in seconds; the disk holds few big ones
+                if not args.no_ours:
+                    release_cuda()  # ours read the file memory-mapped
+                gguf.unlink(missing_ok=True)
+
+    def token_ids(self, cfg) -> list[int]:
+        from workbench.api import token_ids
+
+        return token_ids(cfg, self.args.tokens, 0)
 
     def run_config(self, cfg, label: str, cname: str, rnd: int, gguf: Path, ids: list[int]) -> None:
         from workbench.llamacpp.switches import SwitchError, switches_for
 
         strategy = CONFIGS[cname][0]
-        common = dict(model=label, config=cname, round=rnd, strategy=strategy.label())
+        common = dict(model=label, config=cname, round=rnd, strategy=strategy.label(),
+                      weight_dtype=self.args.weight_dtype, fill=self.args.fill, context=self.args.context,
+                      start_pos=self.args.start_pos, tokens=self.args.tokens, threads=self.threads)
         try:
             env = switches_for(strategy, self.build, cfg.family == "gdn").env
         except SwitchError as e:
             self.emit(tool="llamacpp", error=str(e), env={}, **common)
             return
         common["env"] = env
-        self.measure("llamacpp", common, lambda: self.llamacpp(cfg, strategy, ids))
-        if self.llama_bench:
-            self.measure("llama-bench", common, lambda: self.bench_tool(gguf, env))
+        for pair in range(self.args.pairs):  # A B A B: each pair's ratio is the agreement measure
+            self.measure("llamacpp", dict(common, pair=pair), lambda: self.llamacpp(cfg, strategy, ids))
+            if self.llama_bench:
+                self.measure("llama-bench", dict(common, pair=pair), lambda: self.bench_tool(gguf, env))
         if not self.args.no_ours:
             self.measure("cuda", common, lambda: self.workbench(cfg, ours(strategy), ids, "cuda"))
             if rnd == 0:
@@ -185,37 +237,57 @@ class Bench:
             self.emit(tool=tool, error=f"{type(e).__name__}: {str(e).splitlines()[0][:200]}", **common)
 
     def llamacpp(self, cfg, strategy, ids) -> tuple[list[float], dict]:
+        """Per repetition us/token as llama-bench computes it (its timed loop / tokens)."""
         import workbench
 
         r = workbench.run(cfg, strategy, tokens=ids, backend="llamacpp", start_pos=self.args.start_pos,
-                          build=str(self.folder), reps=self.args.reps, quiet=True)
-        per_rep = [sum(x) / len(x) for x in r.meta["per_token_us"]]
-        return per_rep, {"device": r.device}
+                          build=str(self.folder), reps=self.args.reps, threads=self.threads, logits=False,
+                          quiet=True)
+        n = len(ids)
+        return [x / n for x in r.meta["rep_us"]], {"device": r.device,
+                                                   "per_token_us_median": r.stats["us_per_token_median"]}
 
     def bench_tool(self, gguf: Path, env: dict[str, str]) -> tuple[list[float], dict]:
-        from workbench.exec.llamacpp import worker_env
+        from workbench.llamacpp.llama_bench import run_llama_bench
 
-        cmd = [str(self.llama_bench), "-m", str(gguf), "-p", "0", "-n", str(self.args.tokens), "-d",
-               str(self.args.start_pos), "-r", str(self.args.reps), "-fa", "1", "-ngl", "99", "-o", "jsonl"]
-        p = subprocess.run(cmd, env=worker_env(env), capture_output=True, text=True, timeout=300)
-        recs = [json.loads(x) for x in p.stdout.splitlines() if x.startswith("{")]
-        if p.returncode != 0 or not recs:
-            raise RuntimeError(f"llama-bench exit {p.returncode}: {(p.stderr or '').strip().splitlines()[-1:]}")
-        r = recs[-1]
-        return [1e6 / ts for ts in r["samples_ts"]], {"build_commit": r.get("build_commit"),
-                                                      "avg_ts": r.get("avg_ts"), "stddev_ts": r.get("stddev_ts")}
+        us, r = run_llama_bench(self.llama_bench, gguf, tokens=self.args.tokens, depth=self.args.start_pos,
+                                reps=self.args.reps, threads=self.threads, env=env)
+        return us, {"build_commit": r.get("build_commit"), "avg_ts": r.get("avg_ts"), "stddev_ts": r.get("stddev_ts")}
 
     def workbench(self, cfg, strategy, ids, backend: str) -> tuple[list[float], dict]:
         import workbench
 
-        opts = {"gpu": gpu_calibration(self.info["gpu"])} if backend == "sim" else {}
+        opts: dict[str, Any] = {"gpu": gpu_calibration(self.info["gpu"])} if backend == "sim" else {}
+        if backend == "cuda":
+            opts["weights"] = "host" if self.ours_weights == "file" else "device"
         runs = 1 if backend == "sim" else self.args.ours_runs
         us = []
-        for _ in range(runs):
-            r = workbench.run(cfg, strategy, tokens=ids, backend=backend, start_pos=self.args.start_pos,
-                              quiet=True, **opts)
-            us.append(float(r.stats["us_per_token"]))
-        return us, {"device": r.device}
+        try:
+            for _ in range(runs):
+                r = workbench.run(cfg, strategy, tokens=ids, backend=backend, start_pos=self.args.start_pos,
+                                  quiet=True, **opts)
+                us.append(float(r.stats["us_per_token"]))
+        finally:
+            if backend == "cuda" and self.release_ours:
+                release_cuda()
+        return us, {"device": r.device, **({"ours_weights": self.ours_weights} if backend == "cuda" else {})}
+
+
+def release_cuda() -> None:
+    """Free the cuda backend's device weights and executors (llama.cpp's processes need the room)."""
+    from workbench.exec.backend import get_backend
+
+    impl = get_backend("cuda")
+    if impl.available()[0]:
+        impl.release()
+
+
+def gpu_bytes(info: dict[str, str]) -> float:
+    """The GPU's memory from nvidia-smi's ``memory.total`` (``81559 MiB``); inf when unknown."""
+    try:
+        return float(info["memory"].split()[0]) * 2**20
+    except (KeyError, ValueError, IndexError):
+        return float("inf")
 
 
 # --------------------------------------------------------------------------- summary
@@ -235,29 +307,52 @@ def cell(us: list[float]) -> str:
     return f"{st.median(us):.0f} [{min(us):.0f}..{max(us):.0f}]" if len(us) > 1 else f"{us[0]:.0f}"
 
 
+def pair_ratios(recs: list[dict]) -> dict[tuple[str, str], list[float]]:
+    """(model, config) -> per A/B pair, the backend's median us/token over llama-bench's, each
+    pair measured back to back (records with a ``pair`` field; older records have none)."""
+    halves: dict[tuple, dict[str, list[float]]] = {}
+    for r in recs:
+        if "pair" in r and r.get("us") and r["tool"] in ("llamacpp", "llama-bench"):
+            halves.setdefault((r["model"], r["config"], r["round"], r["pair"]), {})[r["tool"]] = r["us"]
+    out: dict[tuple[str, str], list[float]] = {}
+    for (model, config, _, _), h in sorted(halves.items(), key=lambda kv: str(kv[0])):
+        if "llamacpp" in h and "llama-bench" in h:
+            out.setdefault((model, config), []).append(st.median(h["llamacpp"]) / st.median(h["llama-bench"]))
+    return out
+
+
 def summarize(recs: list[dict]) -> str:
     """The markdown: per model, every configuration's four numbers, then the knob steps."""
     if not recs:
         return "no results\n"
     first = recs[0]
     commit = next((r["build_commit"] for r in recs if r.get("build_commit")), "?")
+    setups = sorted({(r.get("weight_dtype", "f16"), r.get("context", 512), r.get("start_pos", 448),
+                       r.get("tokens", 64), r.get("fill", "exact"), r.get("threads", "?")) for r in recs}, key=str)
+    setup = "; ".join(f"{wd} weights ({fill} fill), context {ctx}, {n} tokens at positions {pos}..{pos + n - 1} "
+                      f"(llama-bench's tg{n} @ d{pos}), {th} CPU threads" for wd, ctx, pos, n, fill, th in setups)
     lines = [f"# llama.cpp beside the workbench on an {first['gpu']}", "",
              f"{first['gpu']} ({first['memory']}), driver {first['driver']}, {first['date']}; llama.cpp "
-             f"{commit} (the peer tree); f16 weights, context 512, 64 tokens at positions 448..511 "
-             "(llama-bench's tg64 @ d448), flash attention on. us/token: median [min..max] over all "
-             "repetitions of all rounds. `llama.cpp` is the `llamacpp` backend (decode + synchronize "
-             "per token, as llama-bench times), `llama-bench` the same build's tool, `ours` the `cuda` "
-             "backend under the same Strategy, `sim` the simulator with this GPU's calibration. Written by "
-             "`benchmarks/llamacpp_peer.py`.", ""]
+             f"{commit} (the peer tree); {setup}; flash attention on. us/token: median [min..max] over all "
+             "repetitions of all rounds. `llama.cpp` is the `llamacpp` backend (set up and timed as "
+             "llama-bench's tg test: per repetition, its token loop's time over the tokens), `llama-bench` "
+             "the same build's tool, `backend vs llama-bench` the median [min..max] over A/B pairs (each "
+             "measured back to back) of the backend's median over llama-bench's, `ours` the `cuda` backend "
+             "under the same Strategy, `sim` the simulator with this GPU's calibration. \"fusion on\" is "
+             "llama.cpp's whole fusion set for both. Written by `benchmarks/llamacpp_peer.py`.", ""]
     by: dict[tuple[str, str, str], list[float]] = {}
+    ratios = pair_ratios(recs)
     errors: dict[tuple[str, str, str], str] = {}
     envs: dict[str, str] = {}
+    labels: dict[tuple[str, str], str] = {}
     models: list[str] = []
     for r in recs:
         key = (r["model"], r["config"], r["tool"])
         if r["model"] not in models:
             models.append(r["model"])
         envs.setdefault(r["config"], " ".join(f"{k}={v}" for k, v in sorted(r.get("env", {}).items())) or "-")
+        if r.get("strategy"):  # as measured (older records: a smaller "fusion on" set)
+            labels.setdefault((r["model"], r["config"]), r["strategy"])
         if "us" in r:
             by.setdefault(key, []).extend(r["us"])
         else:
@@ -269,11 +364,15 @@ def summarize(recs: list[dict]) -> str:
         for c in configs:
             vals = {t: by.get((model, c, t), []) for t in TOOLS}
             ratio = "-"
-            if vals["llamacpp"] and vals["llama-bench"]:
+            if ratios.get((model, c)):
+                rs = [(x - 1) * 100 for x in ratios[(model, c)]]
+                ratio = f"{st.median(rs):+.1f} %" + (f" [{min(rs):+.1f}..{max(rs):+.1f}]" if len(rs) > 1 else "")
+            elif vals["llamacpp"] and vals["llama-bench"]:
                 ratio = f"{(st.median(vals['llamacpp']) / st.mean(vals['llama-bench']) - 1) * 100:+.1f} %"
             cells = [cell(vals[t]) if vals[t] else (f"error: {errors[(model, c, t)]}" if (model, c, t) in errors
                                                     else "-") for t in TOOLS]
-            lines.append(f"| {c} | {CONFIGS[c][0].label()} | `{envs.get(c, '-')}` | {cells[0]} | {cells[1]} | "
+            label = labels.get((model, c), CONFIGS[c][0].label())
+            lines.append(f"| {c} | {label} | `{envs.get(c, '-')}` | {cells[0]} | {cells[1]} | "
                          f"{ratio} | {cells[2]} | {cells[3]} |")
         lines += ["", "| knob (step) | from -> to | llama.cpp | llama-bench | ours (cuda) | sim |",
                   "|---|---|---:|---:|---:|---:|"]
@@ -302,8 +401,26 @@ def main() -> int:
     p.add_argument("--context", type=int, default=512)
     p.add_argument("--start-pos", type=int, default=448)
     p.add_argument("--tokens", type=int, default=64)
-    p.add_argument("--reps", type=int, default=5, help="llama.cpp repetitions per round (llama-bench -r)")
+    p.add_argument("--reps", type=int, default=5, help="repetitions per llama.cpp call (llama-bench -r)")
+    p.add_argument("--pairs", type=int, default=2,
+                   help="backend / llama-bench calls per configuration and round, interleaved A B A B")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--threads", type=int, default=0,
+                   help="CPU threads of both llama.cpp tools (default: llama-bench's, one per physical core, "
+                        "at most the CPUs this process may use)")
+    p.add_argument("--weight-dtype", default="f16", choices=WEIGHT_DTYPES,
+                   help="the GGUF's weights (and ours); q4_0/q8_0: issue 16's table")
+    p.add_argument("--fill", default="tiled", choices=("tiled", "exact"),
+                   help="tiled: GGUF written at disk speed, both sides run the file (timing only, default); "
+                        "exact: the seeded weights (minutes for the big models)")
+    p.add_argument("--ours-weights", default="auto", choices=("auto", "file", "device"),
+                   help="file: ours reads the tiled GGUF's values (what llama.cpp runs; gathering MoE experts "
+                        "takes up to minutes per model); device: drawn on the GPU in seconds, same distributions; "
+                        "auto (default): file, unless the GPU cannot keep ours beside llama.cpp's copy")
+    p.add_argument("--drop-gguf", action="store_true",
+                   help="delete each model's tiled GGUF when its configurations are done (a small disk)")
+    p.add_argument("--config-s", type=float, default=45,
+                   help="seconds one configuration may take: none starts with less budget left (default 45)")
     p.add_argument("--ours-runs", type=int, default=3, help="cuda backend runs per round")
     p.add_argument("--no-ours", action="store_true", help="llama.cpp and llama-bench only")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", 1e9)))
@@ -318,6 +435,10 @@ def main() -> int:
             p.error(f"unknown config(s) {sorted(unknown)}; choose from {', '.join(CONFIGS)}")
     md = Path(args.md or Path(args.jsonl).with_suffix(".md"))
     args.md = str(md)
+    if not args.summarize and args.context != args.start_pos + args.tokens:
+        print(f"note: llama-bench sizes its context as depth + tokens = {args.start_pos + args.tokens}; the "
+              f"backend and ours use --context {args.context} (set --context to match for identical set-ups)",
+              flush=True)
     if not args.summarize:
         bench = Bench(args)
         for spec in args.models.replace(",", " ").split():

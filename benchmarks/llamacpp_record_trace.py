@@ -18,46 +18,34 @@ from __future__ import annotations
 
 import argparse
 import datetime
-import gzip
-import json
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from workbench.exec.backend import RunRequest  # noqa: E402
-from workbench.exec.llamacpp import LlamaCppBackend, LlamaCppOptions  # noqa: E402
-from workbench.models import preset  # noqa: E402
+from workbench.exec.calibrate.llamacpp_record import CONTEXT, START, TOKENS, Capture, record  # noqa: E402
+from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
-from workbench.trace import Trace  # noqa: E402
-from workbench.trace.perfetto import to_perfetto  # noqa: E402
 
-FUSIONS = frozenset({"rms-norm-mul", "copy-elim"})  # llama.cpp's fusion pass on (its default)
-MODEL, LAYERS, CONTEXT, START, TOKENS = "llama-3.2-1b", 2, 512, 448, 6
-RECIPES: dict[str, Strategy] = {
-    "llama-3.2-1b-L2_graphs": Strategy(graphs=True, fusion=FUSIONS),
-    "llama-3.2-1b-L2_graphs-pdl": Strategy(graphs=True, pdl=True, fusion=FUSIONS),
-    "llama-3.2-1b-L2_graphs-pdl-qkv": Strategy(graphs=True, pdl=True, streams="qkv", fusion=FUSIONS),
-}
+FUSIONS = LLAMACPP_FUSION  # llama.cpp's fusion pass on (its default)
+MODEL, LAYERS = "llama-3.2-1b", 2
+RECIPES: dict[str, Capture] = {c.stem: c for c in (
+    Capture(MODEL, LAYERS, "graphs", Strategy(graphs=True, fusion=FUSIONS)),
+    Capture(MODEL, LAYERS, "graphs-pdl", Strategy(graphs=True, pdl=True, fusion=FUSIONS)),
+    Capture(MODEL, LAYERS, "graphs-pdl-qkv", Strategy(graphs=True, pdl=True, streams="qkv", fusion=FUSIONS)),
+)}
 
 
-def record(name: str, strategy: Strategy, out_dir: Path) -> Path:
-    cfg = preset(MODEL, layers=LAYERS, context=CONTEXT)
-    ids = [int(t) for t in range(1000, 1000 + 37 * TOKENS, 37)]
-    run = LlamaCppBackend().run(RunRequest(cfg, strategy, [], ids, start_pos=START, trace=True,
-                                           options=LlamaCppOptions()))
-    ev = run.trace.events
-    ev = ev[ev["token"] >= 0].reset_index(drop=True)
-    meta = dict(run.trace.meta, recipe=name, tokens=TOKENS, context=CONTEXT, device=run.device,
-                system_info=run.meta["system_info"])
-    trace = Trace(ev, meta)
-    path = out_dir / f"{name}.json.gz"
-    with gzip.open(path, "wt", encoding="utf-8") as f:
-        json.dump(to_perfetto(trace), f, separators=(",", ":"))
+def record_one(cap: Capture, out_dir: Path, suffix: str = ".json.gz") -> Path:
+    """``record`` one capture and say what it holds."""
+    path, run = record(cap, out_dir, suffix)
+    from workbench.trace.io import load_trace
+
+    ev = load_trace(path).events
     k = ev[ev["kind"] == "kernel"]
     print(f"{path}: {len(ev)} events, {len(k)} kernels on {k['stream'].nunique()} stream(s), "
-          f"{run.stats['us_per_token']:.0f} us/token traced, switches {run.meta['switches_text']}")
+          f"{run['stats']['us_per_token']:.0f} us/token traced, switches {run['meta'].get('switches_text', '')}")
     return path
 
 
@@ -112,7 +100,7 @@ def main() -> int:
     rc, paths = 0, []
     for name in names:
         try:
-            paths.append(record(name, RECIPES[name], out))
+            paths.append(record_one(RECIPES[name], out))
         except Exception as e:  # one recipe failing leaves the others recorded
             print(f"{name}: FAILED: {type(e).__name__}: {e}", file=sys.stderr)
             rc = 1

@@ -2,14 +2,28 @@
 knob's predicted vs measured speedup; the held-out model families (never seen by
 ``workbench calibrate``) are reported apart.
 
-    # on the GPU: measure (untraced runs of the cuda executor), write JSON
-    python benchmarks/sim_fidelity.py measure --out fidelity_measured.json
+    # on the GPU: measure (untraced runs of the cuda executor), write JSON lines
+    python benchmarks/sim_fidelity.py measure --out fidelity_measured.jsonl
     # anywhere: simulate the same matrix with a calibration and write the report to data/bench/
-    python benchmarks/sim_fidelity.py report fidelity_measured.json [--calibration data/calibration/h100.json]
+    python benchmarks/sim_fidelity.py report fidelity_measured.jsonl [--calibration data/calibration/h100.json]
+    # against llama.cpp: measured = llamacpp_peer.py --jsonl, the fit = llamacpp_capture.py's traces
+    python benchmarks/sim_fidelity.py report --target llamacpp peer.jsonl --traces DIR [--hold-out gpt-oss-20b]
 
-Measured: the cuda executor, weights drawn on the GPU, ``--repeats`` runs of ``--tokens`` decode
-steps after a warm-up run; a run's us/token is the mean host time of its steady tokens (all
-but the first), the cell's value the median over runs (spread: min-max). Predicted: the
+With ``--target llamacpp`` the matrix is ``llamacpp_peer.py``'s models and CONFIGS, each knob
+alone and stacked (its STEPS); the calibration is fitted from the traces of every model but the
+held-out ones (``workbench calibrate --target llamacpp``'s fit), and the report
+(``sim_fidelity_llamacpp_<gpu>.md``) says which cells meet the acceptance target (10 % us/token,
+2 points per knob effect), held-out family included.
+
+The GPU stage ``fidelity`` of ``benchmarks/gpu_fidelity_run.sh`` measures this matrix and the
+eager knob cells in one run (``benchmarks/decode_matrix.py``); ``report`` reads that file too
+(cells of strategies outside this matrix are left out), and the older JSON of ``measure``.
+
+Measured (``workbench.exec.calibrate.decode_matrix``): the cuda executor at full size (qwen3-next,
+qwen3-30b-a3b and gpt-oss-20b: 8 layers), weights drawn on the GPU, one warmed-up executor per
+strategy, ``--repeats`` interleaved rounds of ``--tokens`` decode steps; a run's us/token is the
+mean host time of its steady tokens (all but the first), the cell's value the median over runs
+(spread: min-max). Predicted: the
 simulator on the same Plans, start position and token count. A knob's speedup is
 ``t(without) / t(with) - 1``.
 """
@@ -19,7 +33,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -30,14 +43,18 @@ from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))  # llamacpp_peer's CONFIGS and STEPS (--target llamacpp)
 
-#: (spec, family, held out from calibration?)
+#: (spec, family (HF model_type), held out from calibration?): full size, or 8 layers where the
+#: whole model would not fit the stage's time (``workbench calibrate`` measured llama, qwen3_moe
+#: and qwen3_next shapes; qwen3 dense and gpt-oss never)
 MODELS: tuple[tuple[ModelSpec, str, bool], ...] = (
-    (ModelSpec("llama-3.2-1b", None, 512), "llama", False),
-    (ModelSpec("llama-3.1-8b", 4, 1024, 600), "llama", False),
-    (ModelSpec("qwen3-8b", 4, 512), "qwen3", True),
-    (ModelSpec("qwen3-30b-a3b", 4, 512), "qwen3_moe", False),
-    (ModelSpec("qwen3-next-80b-a3b", 8, 512), "qwen3_next", False),
+    (ModelSpec("llama-3.2-1b", None, 512, 448), "llama", False),
+    (ModelSpec("qwen3-next-80b-a3b", 8, 512, 448), "qwen3_next", False),
+    (ModelSpec("llama-3.1-8b", None, 1024, 600), "llama", False),
+    (ModelSpec("qwen3-8b", None, 512, 448), "qwen3", True),
+    (ModelSpec("qwen3-30b-a3b", 8, 512, 448), "qwen3_moe", False),
+    (ModelSpec("gpt-oss-20b", 8, 512, 448), "gpt_oss", True),
 )
 
 STRATEGIES: dict[str, Strategy] = {
@@ -71,42 +88,23 @@ KNOBS: dict[str, tuple[str, str]] = {
 # ------------------------------------------------------------------------------------------
 # measure (GPU)
 # ------------------------------------------------------------------------------------------
-def measure(tokens: int, repeats: int, seed: int = 0, models=MODELS) -> dict[str, Any]:
-    import workbench
-    from workbench.exec.calibrate.environment import environment
-    from workbench.exec.cuda import CudaExecutor
+def matrix(models=MODELS) -> list:
+    """The measured matrix: every strategy of ``STRATEGIES`` on each model it changes."""
+    from workbench.exec.calibrate.decode_matrix import MatrixModel
 
-    env = environment()
-    rows = []
-    for spec, fam, held in models:
-        first = None  # the model's first executor: the others reuse its weights on the GPU
-        for label, st in STRATEGIES.items():
-            if label in ONLY and spec.model not in ONLY[label]:
-                continue
-            t0 = time.perf_counter()
-            cfg = spec.config()
-            ex = CudaExecutor(cfg, st, "device", seed, share=first)
-            first = first or ex
-            # warm-up: compile, capture
-            workbench.run(cfg, st, tokens=4, backend="cuda", seed=seed, start_pos=spec.pos, executor=ex)
-            us = [workbench.run(cfg, st, tokens=tokens, backend="cuda", seed=seed, start_pos=spec.pos,
-                                executor=ex).stats["us_per_token"] for _ in range(repeats)]
-            rows.append({**spec.to_dict(), "label": spec.label, "family": fam, "held_out": held, "strategy": label,
-                         "tokens": tokens, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
-                         "us_max": float(np.max(us)), "runs_us": us})
-            print(f"{spec.label:32s} {label:28s} {np.median(us):9.1f} us/token  [{np.min(us):.1f}-{np.max(us):.1f}]"
-                  f"  {time.perf_counter() - t0:.1f} s", file=sys.stderr, flush=True)
-        del first, ex
-    return {"environment": env, "tokens": tokens, "repeats": repeats, "rows": rows}
+    return [MatrixModel(spec, tuple(st for label, st in STRATEGIES.items()
+                                    if label not in ONLY or spec.model in ONLY[label]))
+            for spec, _, _ in models]
 
 
 # ------------------------------------------------------------------------------------------
 # report (CPU)
 # ------------------------------------------------------------------------------------------
-def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
+def predict(rows: pd.DataFrame, cal) -> pd.DataFrame:
+    """The measured cells of this report's strategies, each with the simulator's us/token."""
     import workbench
 
-    df = pd.DataFrame(measured["rows"])
+    df = rows[rows["strategy"].isin(list(STRATEGIES))].reset_index(drop=True)
     # the split follows MODELS (which families `workbench calibrate` measured), not the flag
     # recorded when the matrix was measured
     held = {fam: h for _, fam, h in MODELS}
@@ -123,11 +121,11 @@ def predict(measured: dict[str, Any], cal) -> pd.DataFrame:
     return df
 
 
-def knob_table(df: pd.DataFrame) -> pd.DataFrame:
+def knob_table(df: pd.DataFrame, knobs: dict[str, tuple[str, str]] = KNOBS) -> pd.DataFrame:
     rows = []
     for (label, fam, held), g in df.groupby(["label", "family", "held_out"], sort=False):
         by = g.set_index("strategy")
-        for knob, (a, b) in KNOBS.items():
+        for knob, (a, b) in knobs.items():
             if a not in by.index or b not in by.index:
                 continue
             m = 100 * (by.at[a, "us_per_token"] / by.at[b, "us_per_token"] - 1)
@@ -165,10 +163,10 @@ def _md(df: pd.DataFrame, cols: list[str], digits: int = 1) -> str:
 
 def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir: Path,
            baselines: list[Path] | None = None, baseline_labels: list[str] | None = None) -> dict[str, Any]:
+    from workbench.exec.calibrate.decode_matrix import read_matrix
     from workbench.exec.calibration import load_calibration
 
-    measured = json.loads(measured_path.read_text())
-    env = measured["environment"]
+    env, measured = read_matrix(measured_path)
     gpu = gpu or _gpu_key(env["gpu_name"])
     cal = load_calibration(gpu, path=cal_path)
     df = predict(measured, cal)
@@ -186,8 +184,8 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
     text = [f"# Simulator vs GPU fidelity ({env['gpu_name']})\n\n",
             f"Measured {env['date'][:10]} on {env['gpu_name']}, driver {env.get('driver_version', '')}, CUDA runtime "
             f"{env.get('cuda_runtime', '')}, CuPy {env.get('cupy', '')} (`{measured_path.name}`); "
-            f"{measured['repeats']} runs of "
-            f"{measured['tokens']} tokens per cell (median, spread min-max). Predicted by the simulator with "
+            f"{env['repeats']} runs of "
+            f"{env['tokens']} tokens per cell (median, spread min-max). Predicted by the simulator with "
             f"`{cal_path or f'data/calibration/{gpu}.json'}` ({cal.name}). Held-out families were never measured "
             "by `workbench calibrate`. Generated by `benchmarks/sim_fidelity.py report`.\n\n",
             "## Summary\n\n", _md(sm, list(sm.columns))]
@@ -206,6 +204,101 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
     return {"rows": df, "knobs": kn, "summary": sm}
 
 
+# ------------------------------------------------------------------------------------------
+# --target llamacpp (CPU): llama.cpp measured by llamacpp_peer.py, predicted under a fit of its traces
+# ------------------------------------------------------------------------------------------
+#: model preset -> family (the held-out split is by family)
+LLAMACPP_FAMILIES = {"llama-3.2-1b": "llama", "llama-3.1-8b": "llama", "qwen3-30b-a3b": "qwen3_moe",
+                     "qwen3-next-80b-a3b": "qwen3_next", "gpt-oss-20b": "gpt_oss"}
+
+
+def predict_llamacpp(measured: pd.DataFrame, cal, held_out: set[str], tokens: int, start_pos: int,
+                     context: int) -> pd.DataFrame:
+    """The peer benchmark's cells predicted by the simulator under ``cal`` (a llama.cpp calibration)."""
+    from llamacpp_peer import CONFIGS
+
+    import workbench
+    from workbench.models import preset
+
+    df = measured[measured["config"].isin(list(CONFIGS))].copy()
+    df["family"] = df["model"].map(LLAMACPP_FAMILIES).fillna(df["model"])
+    df["held_out"] = df["model"].isin(held_out)
+    df["label"] = [f"{m} ({n} layers)" for m, n in zip(df["model"], df["layers"])]
+    df["strategy"] = df["config"]
+    pred = []
+    for r in df.itertuples():
+        cfg = preset(r.model, layers=int(r.layers), context=context)
+        run = workbench.run(cfg, CONFIGS[r.config][0], tokens=tokens, backend="sim", start_pos=start_pos,
+                            calibration=cal, quiet=True)
+        pred.append(run.stats["us_per_token"])
+    df["predicted_us"] = pred
+    df["error_pct"] = 100 * (df["predicted_us"] / df["us_per_token"] - 1)
+    return df.reset_index(drop=True)
+
+
+def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | None, held_out: set[str],
+                    out_dir: Path, tokens: int, start_pos: int, context: int) -> dict[str, Any]:
+    """Fit (or load) the llama.cpp calibration without the held-out models, predict the peer
+    matrix, write ``sim_fidelity_llamacpp_<gpu>.md`` (+ csv) with the acceptance verdicts."""
+    from llamacpp_peer import STEPS
+
+    from workbench.exec.calibrate.llamacpp_fit import fit_folder, measured_table
+    from workbench.exec.calibrate.llamacpp_traces import read_traces
+    from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
+
+    measured = measured_table(measured_path)
+    if measured.empty:
+        raise SystemExit(f"{measured_path}: no llamacpp / llama-bench record with us/token; give the jsonl of "
+                         "benchmarks/llamacpp_peer.py --jsonl")
+    if cal_path is not None:
+        cal = load_calibration(path=cal_path)
+        gpu, cal_text = cal.gpu, f"`{cal_path}`"
+        fitted_on = "(a given calibration: which models it saw is its own)"
+    elif traces is not None:
+        gpu = _gpu_key(str(read_traces(traces)[0].trace.meta.get("gpu_name", ""))) or "h200"
+        base = json.loads((CALIBRATION_DIR / f"{gpu}.json").read_text())
+        data = fit_folder(traces, base, measured_path, held_out, log=lambda t: print(t, file=sys.stderr))
+        cal = parse_calibration(data, "llama.cpp fit")
+        cal_text = f"fitted now from the traces in `{traces.name}` (`workbench calibrate --target llamacpp`)"
+        fitted_on = f"traces of {', '.join(data['measured']['models'])}"
+    else:
+        raise SystemExit("--target llamacpp needs --traces DIR (to fit) or --calibration FILE")
+    df = predict_llamacpp(measured, cal, held_out, tokens, start_pos, context)
+    kn = knob_table(df, {name: (a, b) for name, a, b in STEPS})
+    sm = summary(df, kn)
+    df["pass"] = df["error_pct"].abs() <= 10
+    kn["pass"] = kn["diff_pp"].abs() <= 2
+    stem = f"sim_fidelity_llamacpp_{gpu}"
+    out_dir.mkdir(parents=True, exist_ok=True)
+    df.to_csv(out_dir / f"{stem}.csv", index=False)
+    kn.to_csv(out_dir / f"{stem}_knobs.csv", index=False)
+    ok_cells, ok_knobs = int(df["pass"].sum()), int(kn["pass"].sum())
+    verdict = ("meets" if ok_cells == len(df) and ok_knobs == len(kn) else "does NOT meet")
+    text = [f"# Simulator vs llama.cpp fidelity ({gpu})\n\n",
+            f"Measured: llama.cpp's us/token from `{measured_path.name}` (`benchmarks/llamacpp_peer.py --jsonl`; "
+            "the llamacpp backend's repetitions, llama-bench's where it has none; median, spread min-max). "
+            f"Predicted: the simulator under the llama.cpp calibration {cal_text}, fitted on {fitted_on}; "
+            f"held out of the fit: {', '.join(sorted(held_out)) or 'none'}. {tokens} tokens from position "
+            f"{start_pos} of a {context}-row context. A knob's effect is `t(from) / t(to) - 1` (llamacpp_peer.py's "
+            "STEPS). Generated by `benchmarks/sim_fidelity.py report --target llamacpp`.\n\n",
+            f"**Acceptance** (every cell within 10 % us/token, every knob effect within 2 points, held-out "
+            f"family included): the simulator {verdict} it: {ok_cells} of {len(df)} cells and {ok_knobs} of "
+            f"{len(kn)} knob effects pass.\n\n", "## Summary\n\n", _md(sm, list(sm.columns))]
+    for held, name in ((False, "Fitted families"), (True, "Held-out families")):
+        d, k = df[df["held_out"] == held], kn[kn["held_out"] == held]
+        if d.empty:
+            continue
+        text += [f"\n## {name}: us/token\n\n",
+                 _md(d, ["label", "strategy", "tool", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct",
+                         "pass"]),
+                 f"\n## {name}: knob effects (%)\n\n",
+                 _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp",
+                         "pass"])]
+    (out_dir / f"{stem}.md").write_text("".join(text))
+    print("".join(text))
+    return {"rows": df, "knobs": kn, "summary": sm, "calibration": cal}
+
+
 def _gpu_key(name: str) -> str:
     from workbench.exec.calibration import gpu_key
 
@@ -215,13 +308,25 @@ def _gpu_key(name: str) -> str:
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     sub = p.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure", help="run the matrix on this GPU (untraced) and write JSON")
+    m = sub.add_parser("measure", help="run the matrix on this GPU (untraced) and write JSON lines")
     m.add_argument("--out", required=True)
     m.add_argument("--tokens", type=int, default=32)
     m.add_argument("--repeats", type=int, default=5)
+    m.add_argument("--budget", type=float, help="start no model after this many seconds")
     r = sub.add_parser("report", help="simulate the matrix and write the tables to data/bench/")
-    r.add_argument("measured")
-    r.add_argument("--calibration", type=Path, help="calibration file (default data/calibration/<gpu>.json)")
+    r.add_argument("measured", help="the measured matrix: sim_fidelity.py measure's JSON, or with --target llamacpp "
+                                    "the jsonl of benchmarks/llamacpp_peer.py --jsonl")
+    r.add_argument("--target", choices=("cuda", "llamacpp"), default="cuda",
+                   help="whose measurements: the workbench's cuda executor (default) or llama.cpp")
+    r.add_argument("--traces", type=Path, help="--target llamacpp: the folder of llama.cpp timelines to fit "
+                                               "(benchmarks/llamacpp_capture.py)")
+    r.add_argument("--hold-out", default="gpt-oss-20b",
+                   help="--target llamacpp: comma-separated models left out of the fit (default gpt-oss-20b)")
+    r.add_argument("--tokens", type=int, default=64, help="--target llamacpp: tokens per cell (llamacpp_peer.py's)")
+    r.add_argument("--start-pos", type=int, default=448)
+    r.add_argument("--context", type=int, default=512)
+    r.add_argument("--calibration", type=Path, help="calibration file (default data/calibration/<gpu>.json; with "
+                                                    "--target llamacpp: instead of fitting --traces)")
     r.add_argument("--baseline-calibration", type=Path, action="append",
                    help="also summarise the matrix under another calibration (repeatable)")
     r.add_argument("--baseline-label", action="append", help="how the report names each baseline calibration")
@@ -229,8 +334,14 @@ def main() -> int:
     r.add_argument("--out-dir", type=Path, default=ROOT / "data" / "bench")
     args = p.parse_args()
     if args.cmd == "measure":
-        res = measure(args.tokens, args.repeats)
-        Path(args.out).write_text(json.dumps(res, indent=1))
+        from workbench.exec.calibrate.decode_matrix import measure_matrix
+
+        measure_matrix(matrix(), Path(args.out), args.tokens, args.repeats, budget_s=args.budget)
+        return 0
+    if args.target == "llamacpp":
+        report_llamacpp(Path(args.measured), args.traces, args.calibration,
+                        {m.strip() for m in args.hold_out.split(",") if m.strip()}, args.out_dir, args.tokens,
+                        args.start_pos, args.context)
         return 0
     report(Path(args.measured), args.calibration, args.gpu, args.out_dir, args.baseline_calibration,
            args.baseline_label)

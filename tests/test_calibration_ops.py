@@ -20,6 +20,7 @@ from workbench.exec.calibration import (
     parse_calibration,
 )
 from workbench.exec.cost import executor_kernel, kernel_cost, measured_fit
+from workbench.exec.cuda_ops import MMV_ROWS_MIN
 from workbench.models import build_graph, load_config
 
 BENCH = Path(__file__).resolve().parents[1] / "data" / "bench"
@@ -68,10 +69,11 @@ def test_ops_section_is_parsed_and_validated() -> None:
 def test_kernel_cost_prefers_op_kernel_then_op_then_family_then_device() -> None:
     graph = build_graph(load_config("llama-3.1-8b", layers=1, context=256))
     mm = {n.name: n for n in graph.nodes if n.op == "MUL_MAT"}
-    # the executor streams rows for >= 8192 output rows (FFN gate/up, lm_head), else one warp per row
+    # the executor streams rows from cuda_ops.MMV_ROWS_MIN output rows (Q, FFN gate/up, lm_head), else
+    # gives warps per row
     rows = [n for n in mm.values() if executor_kernel(n) == "k_mul_mat_vec_rows_f16"]
     per_row = [n for n in mm.values() if executor_kernel(n) == "k_mul_mat_vec_f16"]
-    assert rows and per_row and all(n.srcs[0].numel // n.srcs[0].shape[-1] >= 8192 for n in rows)
+    assert rows and per_row and all(n.srcs[0].numel // n.srcs[0].shape[-1] >= MMV_ROWS_MIN for n in rows)
     norm = next(n for n in graph.nodes if n.op == "RMS_NORM")
     base = replace(load_calibration(path=DATASHEET_H100), families={}, ops={})
     plain = {n.name: kernel_cost(n, base) for n in [*rows, *per_row, norm]}

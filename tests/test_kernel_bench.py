@@ -35,7 +35,8 @@ def test_kernel_bench_covers_each_op_and_restores_the_defaults():
     assert {n.op for n in nodes.values()} == set(kb.OPS)
     assert "ffn_moe_up-0" in nodes and "ffn_moe_gate-0" not in nodes  # gate and up: one shape
     names = {v: _bind(nodes["ffn_moe_up-0"], knobs) for v, knobs in kb.VARIANTS["MUL_MAT_ID"].items()}
-    assert names == {"default": "k_mul_mat_id_f16", "seg16": "k_mul_mat_id_seg_f16", "seg8": "k_mul_mat_id_seg_f16"}
+    assert names == {"default": "k_mul_mat_id_seg_f16", "warp": "k_mul_mat_id_f16", "seg16": "k_mul_mat_id_seg_f16",
+                     "seg8": "k_mul_mat_id_seg_f16"}
     assert _bind(nodes["kqv_out-0"], kb.VARIANTS["FLASH_ATTN_EXT"]["gqa"]) == "k_flash_attn_ext_gqa_f16"
     assert {k: getattr(cuda_ops, k) for k in before} == before
 

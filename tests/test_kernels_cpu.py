@@ -98,7 +98,7 @@ def test_full_size_hot_kernels_are_the_vector_ones():
 #: kernel variants behind cuda_ops' selection constants (off by default; benchmarks/kernel_bench.py
 #: times them): the constants that turn each on, the kernel name part it binds
 VARIANTS = {"attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),
-            "mmv-seg": ({"MMV_SEG_K_MAX": 1 << 16}, "_seg_")}
+            "mmv-seg": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_MUL_MAT": True}, "_seg_")}
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
@@ -120,12 +120,15 @@ def test_variant_kernels_bind(name, variant, monkeypatch):
 def test_full_size_gpt_oss_variants_bind_its_short_rows():
     """gpt-oss-20b's K = 2880 rows (360 vectors) take the segmented kernels and its attention
     (64 heads over 8 KV heads) the GQA-shared one when switched on."""
-    old = cuda_ops.FA_VARIANT, cuda_ops.MMV_SEG_K_MAX
+    knobs = {"FA_VARIANT": "gqa", "MMV_SEG_K_MAX": 4096, "MMV_SEG_MUL_MAT": True, "MMV_ROWS_MIN": 8192}
+    old = {k: getattr(cuda_ops, k) for k in knobs}
     try:
-        cuda_ops.FA_VARIANT, cuda_ops.MMV_SEG_K_MAX = "gqa", 4096
+        for k, v in knobs.items():
+            setattr(cuda_ops, k, v)
         names = _bound_kernels(preset("gpt-oss-20b", layers=2), Strategy(), ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT"))
     finally:
-        cuda_ops.FA_VARIANT, cuda_ops.MMV_SEG_K_MAX = old
+        for k, v in old.items():
+            setattr(cuda_ops, k, v)
     assert names["ffn_moe_gate-0"] == names["ffn_moe_down-1"] == "k_mul_mat_id_seg_f16"
     assert names["Qcur-0"] == "k_mul_mat_vec_seg_f16"
     assert names["kqv_out-0"] == "k_flash_attn_ext_gqa_f16"
@@ -135,11 +138,11 @@ def test_full_size_gpt_oss_variants_bind_its_short_rows():
 @pytest.mark.parametrize("strategy", [Strategy(), ALL_ON], ids=["default", "all-fusions"])
 def test_full_size_expert_mat_vecs_are_the_vector_ones(name, strategy):
     """Every MUL_MAT_ID (and fused MUL_MAT_ID_GLU) of the full-size MoE models binds the vector
-    expert kernels: gpt-oss's experts are stored output-major, gate/up every other row (row
+    expert kernels (whole-warp or segmented): gpt-oss's experts are stored output-major, gate/up every other row (row
     stride 2*d), never the thread-per-output k_mul_mat_cols or a generic kernel."""
     names = _bound_kernels(preset(name, layers=2), strategy, ("MUL_MAT_ID", "MUL_MAT_ID_GLU"))
     assert names, "no expert mat-vecs"
-    bad = {n: k for n, k in names.items() if not re.fullmatch(r"k_mul_mat_id_f16(_glu)?", k)}
+    bad = {n: k for n, k in names.items() if not re.fullmatch(r"k_mul_mat_id_(seg_)?f16(_glu)?", k)}
     assert not bad, bad
 
 

@@ -6,6 +6,8 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
+import numpy as np
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -29,8 +31,25 @@ def test_summary_tables():
         dict(base, config="graph_opt", tool="llamacpp", error="BackendError: boom", env={}),
     ]
     md = peer.summarize(recs)
+    label = peer.CONFIGS["default"][0].label()
     assert "0c1e570" in md and "NVIDIA H100" in md
-    assert "| default | graphs+pdl+copy-elim+rms-norm-mul | `-` | 900 [880..920] | 882 [880..884] | +2.0 % |" in md
+    assert f"| default | {label} | `-` | 900 [880..920] | 882 [880..884] | +2.0 % |" in md
     assert "| PDL under graphs | pdl0 -> default | -10.0 % | - | -7.7 % | - |" in md
     assert "error: BackendError: boom" in md
     assert "| best us/token | | 900 (default) | 882 (default) | 1200 (default) | - |" in md
+
+
+def test_the_agreement_is_the_ratio_of_each_back_to_back_pair():
+    """Interleaved A B A B calls: each pair's backend median over llama-bench's median, then
+    the median [min..max] of those, so drift between pairs does not count."""
+    peer = _module()
+    base = dict(gpu="NVIDIA H200", memory="143771 MiB", driver="580", date="2026-11-24", model="m", round=0,
+                config="default", env={})
+    recs = [dict(base, tool="llamacpp", pair=0, us=[1010, 1000, 1020]),
+            dict(base, tool="llama-bench", pair=0, us=[1000, 990]),   # +1.5 % (1010 / 995)
+            dict(base, tool="llamacpp", pair=1, us=[1100, 1100]),     # the GPU drifted: both slower
+            dict(base, tool="llama-bench", pair=1, us=[1110, 1110])]  # -0.9 %
+    ratios = peer.pair_ratios(recs)[("m", "default")]
+    assert np.allclose(ratios, [1010 / 995, 1100 / 1110])
+    md = peer.summarize(recs)
+    assert "| +0.3 % [-0.9..+1.5] |" in md

@@ -207,3 +207,103 @@ def test_fit_eager_recovers_the_parameter_that_made_the_data() -> None:
                              knob_us=probe.predict(truth, Strategy(pdl=True))))
     value, rms, _ = fit_one(replace(cal, eager_pdl_release_ns=0.0), cells, "eager_pdl_release_ns")
     assert value == 700.0 and rms < 1e-6
+
+
+def _pdl_gain_bound_ns(plan, cal) -> float:
+    """The most eager PDL can take off a token, from the model's physics: per PDL launch, the
+    host's cheaper call (``launch_ns - launch_pdl_ns``, when the host is the bottleneck) and, on
+    the device, the gap PDL replaces (eager gap -> eager release) plus the prologue that overlaps
+    the predecessor; when the host issues slower than the GPU runs, only the host part is left."""
+    h = cal.host
+    n = sum(la.pdl for la in plan.launches)
+    host = n * max(0.0, h.launch_ns - h.launch_pdl_ns)
+    device = n * (max(0.0, cal.eager_gap_ns - cal.eager_pdl_release) + cal.pdl_prologue_ns
+                  + cal.pdl_first_read_setup_ns)
+    return host + device
+
+
+@pytest.mark.parametrize("host_launch_ns", [None, 20_000.0])
+@pytest.mark.parametrize("model,layers", [("llama-3.2-1b", 2), ("qwen3-next-80b-a3b", 2), ("qwen3-30b-a3b", 2)])
+def test_eager_pdl_gain_within_its_bound(model: str, layers: int, host_launch_ns: float | None) -> None:
+    """Eager PDL never gains more than its bound; with the host the bottleneck (20 us a launch,
+    PDL launches no cheaper) it gains nothing: PDL hides GPU-side gaps, not host issue time."""
+    from dataclasses import replace
+
+    cfg = load_config(model, layers=layers)
+    cal = load_calibration("h200")
+    if host_launch_ns is not None:
+        cal = cal.with_host(launch_ns=host_launch_ns, launch_pdl_ns=host_launch_ns)
+    pdl = Strategy(pdl=True)
+    plan = plans_for_steps(cfg, pdl, 1, 0, cal.compute_capability)[0]
+    for c in (cal, replace(cal, eager_pdl_release_ns=0.0), replace(cal, eager_pdl_launch_ns=0.0)):
+        gain = (_us(cfg, Strategy(), c) - _us(cfg, pdl, c)) * 1e3
+        assert gain <= _pdl_gain_bound_ns(plan, c) + 1.0, (gain, _pdl_gain_bound_ns(plan, c))
+        if host_launch_ns is not None:
+            issue = host_launch_ns * len(plan.launches)
+            assert _us(cfg, pdl, c) * 1e3 >= issue and abs(gain) < 0.01 * issue
+
+
+def test_eager_pdl_early_start_waits_for_the_eager_front_end() -> None:
+    """An eager PDL kernel starts no earlier than eager_pdl_launch after its predecessor's
+    trigger: absent from the file, the graph's pdl_launch_ns plus the front-end work an eager
+    launch adds (eager gap - dependency gap); graph replays keep pdl_launch_ns."""
+    from dataclasses import replace
+
+    cal = load_calibration("h200")
+    assert replace(cal, eager_pdl_launch_ns=-1.0).eager_pdl_launch == (
+        cal.pdl_launch_ns + cal.eager_gap_ns - cal.dependency_gap_ns)
+    cfg = load_config("llama-3.2-1b", layers=2)
+    early, late = (replace(cal, eager_pdl_launch_ns=v) for v in (0.0, 20_000.0))
+    assert _us(cfg, Strategy(pdl=True), late) > _us(cfg, Strategy(pdl=True), early)
+    graphs = Strategy(graphs=True, pdl=True)
+    assert _us(cfg, graphs, late) == _us(cfg, graphs, early)
+
+
+def _synthetic_matrix(path, truth, shapes) -> None:
+    """A measured file of the interleaved stage, written by the simulator under ``truth``."""
+    import json
+
+    from workbench.exec.calibrate.decode_matrix import MatrixModel
+    from workbench.exec.calibrate.specs import ModelSpec
+    from workbench.exec.fit_eager import DECODE_ROWS, KNOBS
+
+    lines = [{"kind": "environment", "gpu_name": "synthetic", "date": "2026-01-01", "tokens": 4, "repeats": 1}]
+    sts = (Strategy(), *(st for _, st in KNOBS.values()), *(st for _, st in DECODE_ROWS.values()))
+    for m in (MatrixModel(ModelSpec(*s), sts) for s in shapes):
+        for st in m.strategies:
+            us = workbench.run(m.spec.config(), st, tokens=16, backend="sim", start_pos=m.spec.pos,
+                               calibration=truth).stats["us_per_token"]
+            lines.append({"kind": "cell", **m.spec.to_dict(), "label": m.spec.label, "family": "x",
+                          "strategy": st.label(), "tokens": 16, "us_per_token": us, "us_min": us, "us_max": us,
+                          "runs_us": [us]})
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+
+
+def test_fit_eager_recovers_both_parameters_from_a_measured_matrix(tmp_path) -> None:
+    """Round trip through the interleaved stage's file: effects simulated with known
+    eager_pdl_release_ns and eager_channel_switch_ns are fitted back, each to its grid value;
+    effects the model cannot make (every knob 10 pp better) leave a large rms, so the fit can fail."""
+    import json
+    import re
+    from dataclasses import replace
+    from pathlib import Path
+
+    from workbench.exec.fit_eager import fit
+
+    base = json.loads((Path(__file__).resolve().parents[1] / "data/calibration/h200.json").read_text())
+    truth = replace(load_calibration("h200"), eager_pdl_release_ns=300.0, eager_channel_switch_ns=1200.0)
+    path = tmp_path / "m.jsonl"
+    _synthetic_matrix(path, truth, [("llama-3.2-1b", 2, 512, 0), ("qwen3-next-80b-a3b", 2, 512, 0)])
+    out = fit(None, base, log=lambda s: None, measured=path)
+    assert out["device"]["eager_pdl_release_ns"] == 300.0
+    assert out["device"]["eager_channel_switch_ns"] == 1200.0
+    assert "rms 0.0 pp" in out["sources"]["device.eager_pdl_release_ns"]
+    rows = [json.loads(x) for x in path.read_text().splitlines()]
+    for r in rows:
+        if r["kind"] == "cell" and r["strategy"] != "eager":
+            r["us_per_token"] /= 1.1  # 10 % faster than the model can make it
+    path.write_text("".join(json.dumps(x) + "\n" for x in rows))
+    bad = fit(None, base, log=lambda s: None, measured=path)
+    rms = float(re.search(r"rms ([0-9.]+) pp", bad["sources"]["device.eager_pdl_release_ns"]).group(1))
+    assert rms > 2.0
+

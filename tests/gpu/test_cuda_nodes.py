@@ -78,8 +78,8 @@ def test_every_node_matches_reference(model, fusion, kernels):
 #: kernel name part it must bind on the tiny models
 VARIANTS = {
     "attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),
-    "mmv-seg-16": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 16}, "_seg_"),
-    "mmv-seg-8": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 8}, "_seg_"),
+    "mmv-seg-16": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 16, "MMV_SEG_MUL_MAT": True}, "_seg_"),
+    "mmv-seg-8": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 8, "MMV_SEG_MUL_MAT": True}, "_seg_"),
 }
 
 

@@ -11,11 +11,11 @@ import pytest
 
 from workbench.exec.backend import BackendError, RunRequest
 from workbench.exec.llamacpp import LlamaCppBackend, LlamaCppOptions
+from workbench.llamacpp.switches import LLAMACPP_FUSION as LLAMA_FUSIONS
 from workbench.models import TINY_PRESETS, build_graph, preset
 from workbench.models.weights import random_weights
 from workbench.strategy import Strategy
 
-LLAMA_FUSIONS = frozenset({"rms-norm-mul", "copy-elim"})  # llama.cpp's fusion pass on
 KNOBS = {
     "eager": Strategy(),
     "graphs": Strategy(graphs=True),
@@ -98,3 +98,23 @@ def test_trace_names_kernels_by_ggml_op(cuda_build):
 def test_allocator_knob_is_refused_on_cuda_too(cuda_build):
     with pytest.raises(BackendError, match="--allocator"):
         run(cuda_build, preset("llama-tiny", context=64), Strategy(graphs=True, allocator="stream-aware"), [1])
+
+
+@pytest.mark.parametrize("knob", ["eager", "graphs+pdl+fusion"])
+def test_backend_times_as_llama_bench(cuda_build, knob, tmp_path, monkeypatch):
+    """Issue 13's acceptance: the backend's us/token within 3 % of the same build's llama-bench
+    (same tiled GGUF, switches, threads, depth 448 and 64 tokens; median of three back-to-back
+    pairs' ratios, so the GPU's drift between pairs does not count)."""
+    from test_llamacpp_timing import backend_over_llama_bench
+
+    from workbench.exec.llamacpp import physical_cores
+    from workbench.llamacpp.build import llama_bench
+
+    exe = llama_bench(cuda_build)
+    if exe is None:
+        pytest.skip(f"no llama-bench beside {cuda_build} (benchmarks/llamacpp_gpu_run.sh builds it)")
+    ratios = backend_over_llama_bench(str(exe), "llama-3.2-1b", threads=physical_cores(), gpu_layers=99,
+                                      monkeypatch=monkeypatch, tmp=tmp_path, n=64, depth=448, layers=4,
+                                      strategy=KNOBS[knob])
+    print(f"\n{knob}: backend / llama-bench per pair: {', '.join(f'{r:.3f}' for r in ratios)}")
+    assert abs(np.median(ratios) - 1) <= 0.03, ratios

@@ -36,8 +36,9 @@ def configure(p: argparse.ArgumentParser) -> None:
                         "default: cuda when a CUDA GPU and CuPy are present, else sim")
     p.add_argument("--kernels", choices=("cupy", "numba"), default=None,
                    help="cuda backend: CUDA C kernels (cupy, default) or Numba kernels for the elementwise/norm ops")
-    p.add_argument("--gpu", default=None, help=f"simulator calibration: {', '.join(known_gpus())} (default: the "
-                                               "GPU present, else the measured h200 file)")
+    p.add_argument("--gpu", "--calibration", dest="gpu", default=None,
+                   help=f"simulator calibration: {', '.join(known_gpus())} (default: the GPU present, else the "
+                        "measured h200 file; <gpu>-llamacpp simulates llama.cpp)")
     p.add_argument("--host-profile", help="simulator host profile (default: the calibration's, 'python'); "
                                           "e.g. llama.cpp, llama.cpp-windows")
     p.add_argument("--llamacpp", metavar="DIR", help="llamacpp backend: the llama.cpp build to load (a folder with "

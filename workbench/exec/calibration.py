@@ -19,6 +19,9 @@ from ..graph.ops import OPS
 
 #: Where the shipped calibrations live (the repository's ``data/calibration``).
 CALIBRATION_DIR = Path(__file__).resolve().parents[2] / "data" / "calibration"
+#: executors a calibration can describe (``workbench calibrate --target``); a file of another
+#: executor than ``cuda`` is named ``<gpu>-<executor>.json``
+EXECUTORS = ("cuda", "llamacpp")
 
 
 class CalibrationError(ValueError):
@@ -44,6 +47,10 @@ class HostCosts:
     #: host work per token outside any CUDA call (input values, staging, reading the logits);
     #: optional in the file (0 where a profile does not give it)
     token_overhead_ns: float = 0.0
+    #: host work per graph launch per stream beyond the first (a multi-stream graph: llama.cpp's
+    #: GGML_CUDA_GRAPH_OPT reorders and forks the graph on the host every token, and its launch
+    #: grows with the branches); optional (0 where a profile does not give it)
+    graph_stream_ns: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -103,9 +110,18 @@ class Calibration:
     #: kernel's ``griddepcontrol.wait`` (the completion travels through the front end, not a
     #: graph's device-side edge); -1 means ``pdl_release_ns``
     eager_pdl_release_ns: float = -1.0
+    #: optional: from its predecessor's trigger (``launch_dependents``) to the early start of an
+    #: eagerly launched PDL kernel. The front end's per-launch work that an eager launch adds to a
+    #: graph's (``eager_gap_ns - dependency_gap_ns``) is not removed by PDL, only overlapped with
+    #: the running predecessor: -1 (absent) means ``pdl_launch_ns`` plus that extra work
+    eager_pdl_launch_ns: float = -1.0
     #: optional: extra gap before an eagerly launched kernel per *other* stream with work queued
     #: (the GPU's host interface serves the channels with pending work in turn); 0 when absent
     eager_channel_switch_ns: float = 0.0
+    #: whose kernels and host program the file calibrates: ``cuda`` (the workbench's executor)
+    #: or ``llamacpp`` (llama.cpp: ops keyed by llama.cpp's kernel names, ``cost.measured_fit``,
+    #: and the simulator plans llama.cpp's schedule, ``llamacpp_schedule``)
+    executor: str = "cuda"
 
     @property
     def eager_gap_ns(self) -> float:
@@ -123,6 +139,13 @@ class Calibration:
         return self.eager_pdl_release_ns if self.eager_pdl_release_ns >= 0 else self.pdl_release_ns
 
     @property
+    def eager_pdl_launch(self) -> float:
+        """Predecessor's trigger to the earliest start of an eagerly launched PDL kernel."""
+        if self.eager_pdl_launch_ns >= 0:
+            return self.eager_pdl_launch_ns
+        return self.pdl_launch_ns + max(0.0, self.eager_gap_ns - self.dependency_gap_ns)
+
+    @property
     def dram_Bpns(self) -> float:
         """Achievable DRAM bandwidth in bytes per ns (peak x efficiency)."""
         return self.dram_bandwidth_GBps * self.dram_efficiency
@@ -133,7 +156,8 @@ class Calibration:
 
     @property
     def device_label(self) -> str:
-        return f"{self.name} (simulated, {self.gpu} calibration, host profile {self.host_profile})"
+        what = f"{self.gpu} calibration" if self.executor == "cuda" else f"{self.gpu} {self.executor} calibration"
+        return f"{self.name} (simulated, {what}, host profile {self.host_profile})"
 
     def with_host(self, profile: str | None = None, **overrides: float) -> Calibration:
         """The same device under another host profile and/or with some host costs overridden
@@ -156,12 +180,12 @@ class Calibration:
 
 #: device fields a file may leave out (the eager launch model; older files predate them)
 _OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns", "eager_event_gap_ns", "eager_pdl_release_ns",
-                           "eager_channel_switch_ns")
+                           "eager_pdl_launch_ns", "eager_channel_switch_ns")
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
-                                    "ops", *_OPTIONAL_DEVICE_FIELDS)]
+                                    "ops", "executor", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
-_OPTIONAL_HOST_FIELDS = {"token_overhead_ns"}
+_OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns"}
 _FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]
 
 
@@ -176,7 +200,8 @@ def load_calibration(gpu: str = "h100", host: str | None = None, path: str | Pat
         p = CALIBRATION_DIR / f"{gpu.lower()}.json"
         if not p.exists():
             raise CalibrationError(f"no calibration for GPU {gpu!r}; known GPUs: {', '.join(known_gpus())} "
-                                   f"(files in {CALIBRATION_DIR}); pass --gpu with one of them")
+                                   f"(files in {CALIBRATION_DIR}; <gpu>-llamacpp ones predict llama.cpp); pass "
+                                   "--gpu with one of them, or fit one with workbench calibrate [--target llamacpp]")
     else:
         p = Path(path)
         if not p.exists():
@@ -266,7 +291,11 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     if profile not in host_profiles:
         raise CalibrationError(f"unknown host profile {profile!r} for {data['gpu']}; known: "
                                f"{', '.join(host_profiles)}")
+    executor = str(data.get("executor", "cuda"))
+    if executor not in EXECUTORS:
+        raise CalibrationError(f"{origin}: unknown executor {executor!r}; known: {', '.join(EXECUTORS)}")
     return Calibration(gpu=str(data["gpu"]), name=str(data["name"]), host=host_profiles[profile], families=fam_costs,
+                       executor=executor,
                        ops=op_costs, host_profile=profile, host_profiles=host_profiles, sources=dict(sources), **dev)
 
 
@@ -297,7 +326,9 @@ def default_gpu(present: str | None = None) -> tuple[str, str]:
         key = gpu_key(present)
         if key in known:
             return key, f"the calibration of the {present} present"
-    measured = [g for g in known if "measured" in json.loads((CALIBRATION_DIR / f"{g}.json").read_text())]
+    files = {g: json.loads((CALIBRATION_DIR / f"{g}.json").read_text()) for g in known}
+    known = [g for g in known if files[g].get("executor", "cuda") == "cuda"]  # the workbench's own executor
+    measured = [g for g in known if "measured" in files[g]]
     why = f"no calibration for the {present} present" if present else "no GPU present"
     if measured:
         return measured[-1], f"{why}; the measured {measured[-1]} calibration"

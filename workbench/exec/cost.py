@@ -122,8 +122,13 @@ class KernelCost:
 QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec_q<ids>", "GET_ROWS": "k_get_rows"}
 
 
+def quantized_weight(node: Node) -> bool:
+    """``node`` runs one of llama.cpp's block-type kernels (QUANTIZED_KERNEL_NAMES)."""
+    return node.op in QUANTIZED_KERNEL_NAMES and is_quantized(node.srcs[0].dtype)
+
+
 def kernel_name(node: Node) -> str:
-    if node.op in QUANTIZED_KERNEL_NAMES and is_quantized(node.srcs[0].dtype):
+    if quantized_weight(node):
         return QUANTIZED_KERNEL_NAMES[node.op]
     return KERNEL_NAMES.get(node.op) or WORKBENCH_ONLY_KERNELS.get(node.op, node.op.lower())
 
@@ -131,6 +136,8 @@ def kernel_name(node: Node) -> str:
 def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     """(blocks, threads per block) of ``node``'s kernel as llama.cpp launches it for one token."""
     op, dst = node.op, node.dst
+    if op in ("MUL_MAT", "MUL_MAT_ID") and quantized_weight(node):
+        return max(1, dst.numel), 128                      # mul_mat_vec_q: 4 warps per row (calc_nwarps)
     if op == "QKV_ROPE_SET_ROWS":                          # ours: modelled as the mat-vec whose fit it takes
         return max(1, sum(w.numel // w.shape[-1] for w in node.srcs[:3])), 256   # a block per Q, K, V row
     if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU"):
@@ -193,13 +200,31 @@ def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
     ggml op (``op``), its kernel family (``family``), else none (``device``: plain roofline plus
     ``kernel_fixed_ns``). Ops come before families because a family lumps kernels of very
     different cost (SOFT_MAX and ARGSORT_TOP_K, MUL_MAT and MUL_MAT_ID). A fused op of
-    ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue."""
+    ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue.
+    A block-typed weight's kernel (mmvq, quantised get-rows) takes only a fit measured on that
+    kernel (``MUL_MAT/k_mul_mat_vec_q_q4_0``, say), else the plain roofline of its blocks' bytes:
+    the op's and the family's fits were measured on the float kernels, whose inner loops differ.
+
+    A llama.cpp calibration (``cal.executor == "llamacpp"``) keys its fits by llama.cpp's
+    kernels (``kernel_name``) and measures the fused kernels llama.cpp runs under their own op:
+    ``op/kernel`` and ``op`` of the node, then its base op's, then the family."""
+    if cal.executor == "llamacpp":
+        base = FUSED_BASE.get(node.op, (node.op, ""))[0]
+        for key, how in ((f"{node.op}/{kernel_name(node)}", "op/kernel"), (node.op, "op"), (base, "op")):
+            if key in cal.ops:
+                return how, cal.ops[key]
+            if quantized_weight(node):  # only the block kernel's own fit applies (see above)
+                return "device", None
+        fc = cal.families.get(node.family)
+        return ("family", fc) if fc is not None else ("device", None)
     op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
     if any(k.startswith(f"{op}/") for k in cal.ops):
         kernel = executor_kernel(node)
         fc = cal.ops.get(f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}")
         if fc is not None:
             return "op/kernel", fc
+    if quantized_weight(node):
+        return "device", None
     if op in cal.ops:
         return "op", cal.ops[op]
     if node.family in cal.families:

@@ -162,10 +162,14 @@ class CudaBackend:
         cupy.get_default_pinned_memory_pool().free_all_blocks()
 
     def run(self, req: RunRequest) -> Run:
-        qtypes = sorted({v.dtype for v in req.plans[0].graph.weights.values() if is_quantized(v.dtype)})
+        from .cuda_quant_ops import MMVQ_TYPES
+
+        qtypes = sorted({v.dtype for v in req.plans[0].graph.weights.values()
+                         if is_quantized(v.dtype) and v.dtype not in MMVQ_TYPES})
         if qtypes:
-            raise BackendError(f"{req.cfg.name}: {'/'.join(qtypes)} weights are not implemented on the cuda "
-                               "backend yet; use --backend reference (logits) or sim (timing)")
+            raise BackendError(f"{req.cfg.name}: {'/'.join(qtypes)} weights have no cuda kernel (kernels/mmvq.cu "
+                               f"takes {', '.join(MMVQ_TYPES)}); re-quantise to one of those, or use --backend "
+                               "reference (logits) or sim (timing)")
         ok, why = cuda_available()
         if not ok:
             raise BackendError(f"--backend cuda needs CuPy and a CUDA GPU: {why}. "

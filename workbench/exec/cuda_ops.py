@@ -23,8 +23,12 @@ from .kernels import Arg
 EW_THREADS = 256
 #: warps per block of the mat-vec kernels (kernels/mul_mat.cu MMV_WARPS)
 MMV_WARPS = 8
-#: output rows from which the row-streaming mat-vec kernel is used
-MMV_ROWS_MIN = 8192
+#: output rows from which MUL_MAT takes the row-streaming mat-vec kernel: it was 1.16-1.27x the
+#: block kernel at N = 2880 and 4096 and 0.84-0.97x at N = 2048 (benchmarks/kernel_bench.py,
+#: data/bench/kernels_h200.md)
+MMV_ROWS_MIN = 2880
+#: rows x columns below which the block mat-vec gives each row 2 warps (_mmv_splits)
+MMV_SPLIT_BELOW = 8192
 #: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
 FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
 #: decode attention where the vector kernel applies: "vec" (a block per query head and key chunk)
@@ -33,11 +37,15 @@ FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
 FA_VARIANT = "vec"
 #: query elements and heads of one KV group the gqa kernel stages (kernels/attn.cu FAG_MAXQ, FAG_MAXG)
 FAG_MAXQ, FAG_MAXG = 2048, 64
-#: mat-vecs (MUL_MAT, MUL_MAT_ID) with K of at most this many elements that is not a multiple of
-#: 32 16-byte vectors take the segmented kernel, MMV_SEG_LANES lanes per row
-#: (k_mul_mat_vec_seg_*, k_mul_mat_id_seg_*); 0: never, until kernel_bench.py says otherwise.
-MMV_SEG_K_MAX = 0
-MMV_SEG_LANES = 16
+#: MUL_MAT_ID with K of at most this many elements that is not a multiple of 32 16-byte vectors
+#: takes the segmented kernel, MMV_SEG_LANES lanes per row (k_mul_mat_id_seg_*): 8 lanes ran
+#: gpt-oss-20b's expert mat-vecs (K = 2880) 1.02-1.12x the whole-warp kernel (kernel_bench.py,
+#: data/bench/kernels_h200.md); 0: never
+MMV_SEG_K_MAX = 4096
+MMV_SEG_LANES = 8
+#: MUL_MAT takes the segmented kernel too (k_mul_mat_vec_seg_*): off, it was slower than the
+#: block or row-streaming kernel on every measured shape
+MMV_SEG_MUL_MAT = False
 #: row kernels: elements per thread staged in registers (kernels/norm.cu NORM_MAXPER)
 NORM_MAXPER = 8
 #: Numba norm kernels' fixed block (kernels/numba_kernels.py NORM_THREADS)
@@ -173,10 +181,8 @@ NORMS = {"RMS_NORM": "rms_norm", "L2_NORM": "l2_norm"}
 
 def bind(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     """The kernel launch of ``node``; a BindError names a layout no kernel takes."""
-    quantized = [v.dtype for v in (*node.srcs, *node.outs) if is_quantized(v.dtype)]
-    if quantized:
-        raise BindError(f"{node.name}: {node.op} on {quantized[0]} blocks is not implemented on the cuda "
-                        "backend yet (the reference and sim backends run quantised weights)")
+    if any(is_quantized(v.dtype) for v in (*node.srcs, *node.outs)):
+        return _quantized(node, addr, workspace)
     fn = _BINDERS.get(node.op)
     if fn is None:
         raise BindError(f"{node.name}: no CUDA kernel for op {node.op}")
@@ -392,7 +398,7 @@ def _mmv_splits(rows: int, cols: int, nvec: int) -> int:
     """Warps per row of the block mat-vec: 2 for matrices of fewer than 8192 output rows (the K,
     V, Q and O projections, the FFN down projection), else 1; at least 4 vectors per lane.
     Measured on an H200 by benchmarks/matvec_sweep.py (data/bench/matvec_sweep.json)."""
-    return 2 if rows * cols < MMV_ROWS_MIN and nvec >= 2 * 32 * 4 else 1
+    return 2 if rows * cols < MMV_SPLIT_BELOW and nvec >= 2 * 32 * 4 else 1
 
 
 def _rows_per_warp(rows: int) -> int:
@@ -440,7 +446,7 @@ def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     vec = _vec_width(w.dtype)
     if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
         lanes = _seg_lanes(K, vec)
-        if lanes and not sfx and N < MMV_ROWS_MIN:
+        if lanes and MMV_SEG_MUL_MAT and not sfx and N < MMV_ROWS_MIN:
             return KernelCall("mul_mat", f"k_mul_mat_vec_seg_{w.dtype}", _seg_grid(N, M, lanes), (32 * MMV_WARPS,),
                               (arg(d, addr), wa, xa, i32(lanes)), None, node.outs)
         if N >= MMV_ROWS_MIN:
@@ -693,8 +699,12 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     return KernelCall("gdn", "k_gated_delta_net", (H, ceil(DV / 32)), (128,), args, None, node.outs)
 
 
-def _quantize_q8_1(node: Node, addr: Addr, _: Workspace) -> KernelCall:
-    raise BindError(f"{node.name}: QUANTIZE_Q8_1 is not implemented on the cuda backend yet")
+def _quantized(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
+    """Nodes with a block-typed view (QUANTIZE_Q8_1, quantised MUL_MAT / MUL_MAT_ID / GET_ROWS):
+    ``cuda_quant_ops`` (kernels/mmvq.cu), imported here as it builds on this module's helpers."""
+    from .cuda_quant_ops import bind_quantized
+
+    return bind_quantized(node, addr, workspace)
 
 
 _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
@@ -722,7 +732,7 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "FLASH_ATTN_EXT": _attn,
     "SSM_CONV": _ssm_conv,
     "GATED_DELTA_NET": _gdn,
-    "QUANTIZE_Q8_1": _quantize_q8_1,
+    "QUANTIZE_Q8_1": _quantized,
 }
 
 #: ops with a kernel here (the CPU tests check this covers every op a model graph uses)

@@ -14,9 +14,15 @@ device-side edges do not, and ``workbench calibrate``'s per-call host costs do n
 absent from a file that is the eager launch gap, not fitted here.) Both are fitted here, each by
 a one-dimensional search with the simulator in the loop, so that
 the simulated speedup of ``eager+pdl`` and ``eager+qkv+boundary`` over ``eager`` matches the
-calibration runs' (``workbench calibrate``'s untraced us/token of each calibration model, in the
-raw file) and, given ``--decode``, ``benchmarks/gpu_decode.py``'s, least squares in percentage points:
+measured ones, least squares in percentage points. The measured knob effects come from one
+interleaved run of every eager cell (``--measured``, the JSON lines of ``benchmarks/decode_matrix.py``:
+each knob beside an ``eager`` run of the same minutes, which is what a 2 pp fit needs) or, for
+files measured before it, from the calibration runs' untraced us/token (the raw file of
+``workbench calibrate``) and ``benchmarks/gpu_decode.py``'s JSON (``--decode``), taken at
+different times (there a no-op knob, eager copy-elim on llama-3.2-1b, measured -1.9 %):
 
+    python -m workbench.exec.fit_eager --measured data/bench/decode_matrix_h200.jsonl \\
+        --calibration data/calibration/h200.json --write
     python -m workbench.exec.fit_eager data/bench/calibration_raw_h200.json.gz \\
         --decode data/bench/gpu_decode.json --calibration data/calibration/h200.json --write
 """
@@ -95,6 +101,26 @@ def calibration_cells(raw: Mapping[str, Any], knob: str) -> list[KnobCell]:
             for (m, s_), r in runs.items() if s_ == label and (m, "eager") in runs]
 
 
+def matrix_cells(path: str | Path, knob: str, tokens: int = 16) -> list[KnobCell]:
+    """``knob``'s cells from an interleaved measured file (``calibrate.decode_matrix``): every
+    model shape with ``eager`` and a strategy that sets the knob (``KNOBS`` and ``DECODE_ROWS``)."""
+    from .calibrate.decode_matrix import read_matrix
+
+    _, df = read_matrix(path)
+    sts = {st.label(): st for st in (KNOBS[knob][1], DECODE_ROWS[knob][1])}
+    out = []
+    for _, g in df.groupby(["model", df["layers"].fillna(0), df["context"].fillna(0), "pos"], sort=False):
+        us = dict(zip(g["strategy"], g["us_per_token"]))
+        r = g.iloc[0]
+        if BASE[0] not in us:
+            continue
+        layers = None if r["layers"] != r["layers"] or r["layers"] is None else int(r["layers"])
+        context = None if r["context"] != r["context"] or r["context"] is None else int(r["context"])
+        out += [KnobCell(Path(path).stem, r["model"], layers, context, int(r["pos"]), tokens, st,
+                         float(us[BASE[0]]), float(us[label])) for label, st in sts.items() if label in us]
+    return out
+
+
 #: gpu_decode.json's rows -> the knob they measure (``benchmarks/gpu_decode.py``'s ``alone()``)
 DECODE_ROWS = {"eager_pdl_release_ns": ("pdl", Strategy(pdl=True)),
                "eager_channel_switch_ns": ("qkv", Strategy(streams="qkv", allocator="stream-aware"))}
@@ -153,21 +179,37 @@ def fit_one(cal: Calibration, cells: Sequence[KnobCell], knob: str,
     return best, float(np.sqrt(err / len(rows))), rows
 
 
-def fit(raw: Mapping[str, Any], base: Mapping[str, Any], decode: Mapping[str, Any] | None = None,
-        log: Callable[[str], None] = print) -> dict[str, Any]:
-    """The calibration dict ``base`` with both eager parameters fitted to ``raw``'s runs (and to
-    ``benchmarks/gpu_decode.py``'s measurements where given)."""
+def fit(raw: Mapping[str, Any] | None, base: Mapping[str, Any], decode: Mapping[str, Any] | None = None,
+        log: Callable[[str], None] = print, measured: str | Path | None = None) -> dict[str, Any]:
+    """The calibration dict ``base`` with both eager parameters fitted to the measured cells:
+    ``measured``'s (an interleaved run, ``calibrate.decode_matrix``), ``raw``'s calibration runs
+    and ``benchmarks/gpu_decode.py``'s, each where given."""
+    if raw is None and decode is None and measured is None:
+        raise ValueError("fit_eager: nothing to fit to; give --measured (benchmarks/decode_matrix.py's JSON lines) "
+                         "or the raw file of `workbench calibrate --raw`")
     out = json.loads(json.dumps(base))
     cal = parse_calibration(out, "base", "python")
-    env = raw.get("environment", {})
-    where = (f"fitted by `python -m workbench.exec.fit_eager` to the calibration runs of `workbench calibrate` on "
-             f"{env.get('gpu_name', '?')} ({str(env.get('date', ''))[:10]})"
-             + (f" and benchmarks/gpu_decode.py's runs on {decode['device'].get('gpu', '?')} "
-                f"({str(decode['device'].get('date', ''))[:10]})" if decode else ""))
+    parts = []
+    if measured is not None:
+        from .calibrate.decode_matrix import read_matrix
+
+        env = read_matrix(measured)[0]
+        parts.append(f"the interleaved runs of {Path(measured).name} on {env.get('gpu_name', '?')} "
+                     f"({str(env.get('date', ''))[:10]})")
+    if raw is not None:
+        env = raw.get("environment", {})
+        parts.append(f"the calibration runs of `workbench calibrate` on {env.get('gpu_name', '?')} "
+                     f"({str(env.get('date', ''))[:10]})")
+    if decode is not None:
+        parts.append(f"benchmarks/gpu_decode.py's runs on {decode['device'].get('gpu', '?')} "
+                     f"({str(decode['device'].get('date', ''))[:10]})")
+    where = "fitted by `python -m workbench.exec.fit_eager` to " + " and ".join(parts)
     for knob in KNOBS:
         cal = replace(cal, **{knob: 0.0})
     for knob, (label, _) in KNOBS.items():
-        cells = calibration_cells(raw, knob) + (decode_cells(decode, knob) if decode else [])
+        cells = ((matrix_cells(measured, knob) if measured is not None else [])
+                 + (calibration_cells(raw, knob) if raw is not None else [])
+                 + (decode_cells(decode, knob) if decode is not None else []))
         value, rms, rows = fit_one(cal, cells, knob, log)
         cal = replace(cal, **{knob: value})
         out["device"][knob] = value
@@ -180,14 +222,16 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any], decode: Mapping[str, An
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.exec.fit_eager", description=__doc__.split("\n\n")[0])
-    p.add_argument("raw", help="raw file of `workbench calibrate --raw` (.json or .json.gz)")
+    p.add_argument("raw", nargs="?", help="raw file of `workbench calibrate --raw` (.json or .json.gz)")
+    p.add_argument("--measured", help="JSON lines of benchmarks/decode_matrix.py (one interleaved run of the eager "
+                   "cells): the preferred source")
     p.add_argument("--calibration", required=True, help="the calibration file to start from (and to rewrite)")
     p.add_argument("--decode", help="benchmarks/gpu_decode.py's JSON (data/bench/gpu_decode.json): more cells")
     p.add_argument("--write", action="store_true", help="rewrite --calibration with the fitted fields")
     a = p.parse_args(argv)
     path = Path(a.calibration)
     decode = json.loads(Path(a.decode).read_text()) if a.decode else None
-    out = fit(read_raw(a.raw), json.loads(path.read_text()), decode)
+    out = fit(read_raw(a.raw) if a.raw else None, json.loads(path.read_text()), decode, measured=a.measured)
     if a.write:
         path.write_text(json.dumps(out, indent=2) + "\n")
         print(f"wrote {path}")

@@ -31,9 +31,11 @@ import numpy as np
 #: the repository's kernel sources (CUDA C for NVRTC, plus the Numba kernels)
 KERNEL_DIR = Path(__file__).resolve().parents[2] / "kernels"
 #: source file stems (``kernels/<name>.cu``)
-SOURCES = ("elementwise", "norm", "rope", "mul_mat", "fused_mat_vec", "attn", "topk", "gdn")
-#: dtype name -> the ``DT_*`` code of common.cuh
-DT_CODES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3, "i64": 4}
+SOURCES = ("elementwise", "norm", "rope", "mul_mat", "attn", "topk", "gdn", "mmvq", "fused_mat_vec")
+#: dtype name -> the ``DT_*`` code of common.cuh; ggml's block types get codes past those (the
+#: kernels of mmvq.cu read a block type by its layout, never through ``ldf``)
+DT_CODES = {"f32": 0, "f16": 1, "bf16": 2, "i32": 3, "i64": 4,
+            **{q: 16 + i for i, q in enumerate(("q8_0", "q4_0", "q4_k", "mxfp4", "q6_k", "q8_1"))}}
 #: Strategy placement -> the PDL_AT_* macro of common.cuh
 PLACEMENTS = {"none": "PDL_AT_none", "start": "PDL_AT_start", "first-read": "PDL_AT_first_read",
               "late": "PDL_AT_late", "after-main-loop": "PDL_AT_after_main_loop", "end": "PDL_AT_end"}
@@ -93,6 +95,13 @@ def graph_replay_seconds(cp: Any, stream: Any, launch: Any, reps: int, rounds: i
     """Device seconds per call of ``launch()``: ``reps`` calls captured in one CUDA graph and
     replayed between events, so no host launch cost falls inside the timed interval (median of
     ``rounds`` replays after the first ``skip``)."""
+    return float(np.median(graph_replay_samples(cp, stream, launch, reps, rounds, skip)))
+
+
+def graph_replay_samples(cp: Any, stream: Any, launch: Any, reps: int, rounds: int = 7,
+                         skip: int = 2) -> list[float]:
+    """The per-call device seconds of each timed replay of :func:`graph_replay_seconds` (the
+    first ``skip`` replays are warm-up), for a median with its spread."""
     stream.begin_capture()
     try:
         for _ in range(reps):
@@ -108,7 +117,7 @@ def graph_replay_seconds(cp: Any, stream: Any, launch: Any, reps: int, rounds: i
         e1.record(stream)
         e1.synchronize()
         ts.append(cp.cuda.get_elapsed_time(e0, e1) / 1e3 / reps)
-    return float(np.median(ts[skip:]))
+    return ts[skip:]
 
 
 def ctype_of(value: Any) -> Any:

@@ -6,8 +6,9 @@ its GGUF, written once with the seeded random weights every other backend uses
 (``workbench.models.gguf_write``), so logits compare with ``reference``; a config loaded from a
 ``.gguf`` runs that file. The Strategy becomes llama.cpp's environment switches
 (``workbench.llamacpp.switches``); since llama.cpp reads them once per process, every run is
-its own worker process (``workbench.llamacpp.worker``), timed per token as llama-bench times
-(decode + synchronize) and, with ``trace``, recorded in-process by CUPTI.
+its own worker process (``workbench.llamacpp.worker``), set up and timed as llama-bench's
+``tg`` test (same context parameters, threadpool, warm-up, cached depth prefill, timed loop and
+statistic: tokens/s per repetition) and, with ``trace``, recorded in-process by CUPTI.
 """
 
 from __future__ import annotations
@@ -35,6 +36,28 @@ if TYPE_CHECKING:  # pragma: no cover
 
 #: environment variable naming the build folder (libllama.so, libggml*.so)
 BUILD_ENV = "WORKBENCH_LLAMACPP"
+#: llama-bench's defaults (``cmd_params_defaults``): logical batch and micro-batch (the depth
+#: prefill's chunks, and the graph llama.cpp reserves its compute buffers for)
+N_BATCH, N_UBATCH = 2048, 512
+
+
+def physical_cores() -> int:
+    """llama-bench's default thread count (``common_cpu_get_num_math`` on x86 Linux): one per
+    physical core, counted as distinct ``thread_siblings`` sets in sysfs; half the logical CPUs
+    (at least 4 of them) or all, as its fallback, when sysfs says nothing."""
+    siblings: set[str] = set()
+    cpu = 0
+    while True:
+        try:
+            text = Path(f"/sys/devices/system/cpu/cpu{cpu}/topology/thread_siblings").read_text()
+        except OSError:
+            break
+        siblings.add(text.strip())
+        cpu += 1
+    if siblings:
+        return len(siblings)
+    n = os.cpu_count() or 1
+    return n // 2 if n >= 4 else n
 
 
 @dataclass(frozen=True)
@@ -42,8 +65,12 @@ class LlamaCppOptions:
     """``build``: folder with ``libllama.so`` and ``libggml*.so`` (default ``$WORKBENCH_LLAMACPP``);
     ``gpu_layers``: layers offloaded (-1: all when the build has CUDA, else 0); ``reps``: timed
     repetitions of the tokens (llama-bench's ``-r``; logits and trace come from the last);
-    ``warmup``: one untimed token first (llama-bench does); ``threads``: CPU threads (0: all
-    cores); ``flash_attn``: llama-bench's ``-fa 1``; ``timeout_s``: per worker process."""
+    ``warmup``: one untimed token first (llama-bench does); ``threads``: CPU threads (0:
+    llama-bench's default, :func:`physical_cores`); ``flash_attn``: llama-bench's ``-fa 1``;
+    ``logits``: read the tokens' logits in one more, untimed repetition (off: the run's logits
+    are None); ``fill``: how a preset's GGUF is written (``exact``: ``random_weights(seed)``, the
+    logits compare with the reference; ``tiled``: a timing run's, written in seconds, see
+    ``gguf_write.FILLS``); ``timeout_s``: per worker process."""
 
     build: str | None = None
     gpu_layers: int = -1
@@ -51,6 +78,8 @@ class LlamaCppOptions:
     warmup: bool = True
     threads: int = 0
     flash_attn: bool = True
+    logits: bool = True
+    fill: str = "exact"
     timeout_s: float = 900.0
 
 
@@ -70,7 +99,7 @@ def build_folder(options: LlamaCppOptions) -> Path:
     return Path(folder).resolve()
 
 
-def model_file(cfg: ModelConfig, seed: int) -> Path:
+def model_file(cfg: ModelConfig, seed: int, fill: str = "exact") -> Path:
     """The GGUF llama.cpp runs: the user's file, or the config's written with seeded weights (in
     the config's block type when ``--weight-dtype`` names one: the blocks the reference runs)."""
     from ..models import from_gguf
@@ -83,7 +112,7 @@ def model_file(cfg: ModelConfig, seed: int) -> Path:
             raise BackendError(f"{src} has {n_file} layers and llama.cpp runs a GGUF as it is: drop --layers "
                                f"({cfg.n_layer}) or pass the preset name to write a {cfg.n_layer}-layer GGUF")
         return Path(src)
-    return cached_gguf(cfg, seed=seed, qtype=cfg.weight_dtype if is_quantized(cfg.weight_dtype) else "f16")
+    return cached_gguf(cfg, seed=seed, qtype=cfg.weight_dtype if is_quantized(cfg.weight_dtype) else "f16", fill=fill)
 
 
 def has_gdn(cfg: ModelConfig) -> bool:
@@ -125,19 +154,19 @@ class LlamaCppBackend:
             raise BackendError(f"--trace records llama.cpp's CUDA kernels with CUPTI; the build in {folder} is "
                                "CPU-only: point --llamacpp at a CUDA build")
         req.report("weights")
-        path = model_file(req.cfg, req.seed)
+        path = model_file(req.cfg, req.seed, opts.fill)
         gpu_layers = opts.gpu_layers if opts.gpu_layers >= 0 else (999 if info.cuda else 0)
         rng = np.random.default_rng([req.seed, 1])
         prompt = [int(t) for t in rng.integers(0, req.cfg.get("vocab_size"), req.start_pos)]
         job = dict(lib=str(folder), model=str(path), n_gpu_layers=gpu_layers, n_ctx=req.cfg.context,
-                   n_batch=512, n_threads=opts.threads or os.cpu_count() or 1, flash_attn=int(opts.flash_attn),
-                   token_ids=[int(t) for t in req.token_ids], prompt_ids=prompt, warmup=opts.warmup,
-                   reps=opts.reps, logits=True, trace=req.trace)
+                   n_batch=N_BATCH, n_ubatch=N_UBATCH, n_threads=opts.threads or physical_cores(),
+                   flash_attn=int(opts.flash_attn), token_ids=[int(t) for t in req.token_ids], prompt_ids=prompt,
+                   warmup=opts.warmup, reps=opts.reps, logits=opts.logits, trace=req.trace)
         req.report("tokens", 0, len(req.token_ids))
         result, logits, trace = run_worker(job, sw.env, opts.timeout_s)
         req.report("tokens", len(req.token_ids), len(req.token_ids))
         per_tok = np.asarray(result["per_token_ns"], np.float64) / 1e3  # [reps, tokens] us
-        rep_us = per_tok.sum(axis=1)  # llama-bench's per-repetition time: the decode + sync calls only
+        rep_us = np.asarray(result["rep_ns"], np.float64) / 1e3  # llama-bench's samples_ns: the token loop
         n = per_tok.shape[1]
         stats = {
             "tokens": n,
@@ -148,8 +177,10 @@ class LlamaCppBackend:
             "tokens_per_s": float(np.mean(n / (rep_us / 1e6))),  # llama-bench's avg_ts
             "tokens_per_s_sd": float(statistics.stdev(n / (rep_us / 1e6))) if len(rep_us) > 1 else 0.0,
             "reps": int(per_tok.shape[0]),
-            "logits_finite": bool(np.isfinite(logits).all()),
+            "threads": int(result["n_threads"]),
         }
+        if logits is not None:
+            stats["logits_finite"] = bool(np.isfinite(logits).all())
         gpus = [d["description"] for d in result["devices"] if d["type"] == "gpu"]
         device = (f"{gpus[0]} (llama.cpp, CUDA)" if gpus and gpu_layers > 0
                   else "CPU (llama.cpp)")
@@ -157,8 +188,8 @@ class LlamaCppBackend:
             trace = token_trace(result["token_start_ns"], (per_tok[-1] * 1e3).astype(np.int64))
         meta = {"plans": list(req.plans), "start_pos": req.start_pos, "gguf": str(path), "build": str(folder),
                 "switches": sw.env, "switches_text": describe(sw.env), "switch_notes": list(sw.notes),
-                "per_token_us": per_tok.tolist(), "system_info": result.get("system_info", ""),
-                "devices": result["devices"]}
+                "per_token_us": per_tok.tolist(), "rep_us": rep_us.tolist(),
+                "system_info": result.get("system_info", ""), "devices": result["devices"]}
         trace.meta.update(switches=describe(sw.env), model=req.cfg.name, layers=req.cfg.n_layer,
                           strategy=req.strategy.label(), strategy_knobs=req.strategy.to_dict(),
                           gpu_name=gpus[0] if gpus else "CPU", context=req.cfg.context,

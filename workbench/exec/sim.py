@@ -17,7 +17,8 @@ of the GPU (parameters in ``data/calibration/<gpu>.json``):
   overlaps the predecessor, the rest waits for the predecessor to complete;
 * kernels launched **eagerly** (no graph) pay the GPU front end's share: a larger gap after
   their predecessor, one more channel switch per other stream holding issued work, the eager
-  gap after an event wait, and a later release of a PDL wait (``Calibration.eager_*``);
+  gap after an event wait, a later early start (the front end's launch work, overlapped with
+  the running predecessor) and a later release of a PDL wait (``Calibration.eager_*``);
 * **conservation**: a kernel's work never ends before the GPU share it got covers it, and the
   whole trace is checked against the Plans' bytes / bandwidth floor (``floor.py``).
 
@@ -304,7 +305,7 @@ class _Engine:
                 if self.graph_plan is not plan:
                     self._capture(plan, token)
                     t0 = self.host_t
-                t1 = t0 + h.graph_launch_ns
+                t1 = t0 + h.graph_launch_ns + h.graph_stream_ns * (plan.n_streams - 1)
                 corr = self._api(op.api, t0, t1, token, "", op.stream)
                 g = self._enqueue(GRAPH, op.stream, t1 + self.cal.graph_launch_latency_ns, plan, corr, token, pi)
                 self.graph_id_of[g] = self.graph_id
@@ -477,7 +478,7 @@ class _Engine:
                 tr = self.trig[pred]
                 cand = math.inf
                 if tr == tr:
-                    cand = tr + cal.pdl_launch_ns
+                    cand = tr + (cal.pdl_launch_ns if self.graph_of[o] >= 0 else cal.eager_pdl_launch)
                 if pe == pe:
                     cand = min(cand, pe + gap)
                 if cand == math.inf:

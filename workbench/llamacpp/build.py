@@ -122,6 +122,7 @@ def build(src: str | Path | None = None, cuda_arch: str | None = None, jobs: int
              fh, logfile)
     lib.mkdir(exist_ok=True)
     for so in (work / "bin").glob("lib*.so*"):  # the real files and their soname links
+        (lib / so.name).unlink(missing_ok=True)  # a rebuild (e.g. --bench later): a link is not overwritten
         shutil.copy2(so, lib / so.name, follow_symlinks=False)
     if not libs_ok(lib):
         raise BuildError(f"the build finished but {lib} lacks libllama.so / libggml-base.so; see {logfile}")

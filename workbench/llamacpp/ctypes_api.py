@@ -2,9 +2,11 @@
 
 Mirrors ``include/llama.h`` of the llama.cpp the project measures (the peer tree, 0c1e570):
 the two parameter structs are passed by value, so their fields are declared here in the
-header's order. Only what a decode loop needs: backend init, model load, context, one-token
-batches, decode, synchronize, logits, memory clear, free; plus the log hook so a failed load
-can say why.
+header's order. Only what a decode loop timed as llama-bench times it needs: backend init,
+model load, context, a CPU threadpool attached to it (llama-bench's; without one ggml starts
+and joins its threads on every graph compute), one-token batches, decode, synchronize, logits,
+memory clear, a sequence's state saved and restored (llama-bench's cached depth prefill),
+free; plus the log hook so a failed load can say why.
 """
 
 from __future__ import annotations
@@ -98,6 +100,21 @@ class Batch(C.Structure):
     ]
 
 
+#: ggml.h's GGML_MAX_N_THREADS (the length of a threadpool's cpumask)
+GGML_MAX_N_THREADS = 512
+
+
+class ThreadpoolParams(C.Structure):
+    _fields_ = [
+        ("cpumask", C.c_bool * GGML_MAX_N_THREADS),
+        ("n_threads", C.c_int),
+        ("prio", C.c_int),
+        ("poll", C.c_uint32),
+        ("strict_cpu", C.c_bool),
+        ("paused", C.c_bool),
+    ]
+
+
 LogCallback = C.CFUNCTYPE(None, C.c_int, C.c_char_p, C.c_void_p)
 
 #: name -> (restype, argtypes)
@@ -121,6 +138,15 @@ SIGNATURES: dict[str, tuple] = {
     "llama_decode": (C.c_int32, [C.c_void_p, Batch]),
     "llama_synchronize": (None, [C.c_void_p]),
     "llama_get_logits_ith": (C.POINTER(C.c_float), [C.c_void_p, C.c_int32]),
+    "llama_set_n_threads": (None, [C.c_void_p, C.c_int32, C.c_int32]),
+    "llama_attach_threadpool": (None, [C.c_void_p, C.c_void_p, C.c_void_p]),
+    "llama_state_seq_get_size": (C.c_size_t, [C.c_void_p, C.c_int32]),
+    "llama_state_seq_get_data": (C.c_size_t, [C.c_void_p, C.c_void_p, C.c_size_t, C.c_int32]),
+    "llama_state_seq_set_data": (C.c_size_t, [C.c_void_p, C.c_void_p, C.c_size_t, C.c_int32]),
+    # ggml's CPU threadpool (libggml-base / libggml-cpu, loaded globally)
+    "ggml_threadpool_params_default": (ThreadpoolParams, [C.c_int]),
+    "ggml_threadpool_new": (C.c_void_p, [C.POINTER(ThreadpoolParams)]),
+    "ggml_threadpool_free": (None, [C.c_void_p]),
     # ggml's device registry (libggml, loaded globally): which devices the build sees
     "ggml_backend_dev_count": (C.c_size_t, []),
     "ggml_backend_dev_get": (C.c_void_p, [C.c_size_t]),
@@ -167,6 +193,7 @@ class LibLlama:
                 raise LlamaCppError(f"{self.libs[-1]} has no {name}(): it is not the llama.cpp this workbench "
                                     "binds (include/llama.h of the peer tree)")
             fn.restype, fn.argtypes = res, args
+        self._pools: list[int] = []  # threadpools attached to contexts (freed with the process)
         self.log: list[str] = []
         self.echo = os.environ.get("WORKBENCH_LLAMACPP_LOG", "") not in ("", "0")
         self.n_logged = 0  # messages ever logged (``log`` keeps the last 400)
@@ -221,17 +248,31 @@ class LibLlama:
         return model
 
     def new_context(self, model: int, *, n_ctx: int, n_threads: int, flash_attn: int = 1,
-                    n_batch: int = 512) -> int:
+                    n_batch: int = 2048, n_ubatch: int = 512) -> int:
+        """A context set up as llama-bench's ``to_llama_cparams`` does (defaults otherwise, the
+        sliding-window cache as a ring: ``swa_full`` off), with a CPU threadpool of ``n_threads``
+        attached as llama-bench attaches one."""
         params = self.lib.llama_context_default_params()
         params.n_ctx = n_ctx
-        params.n_batch = params.n_ubatch = n_batch
+        params.n_batch = n_batch
+        params.n_ubatch = n_ubatch
         params.n_seq_max = 1
         params.n_threads = params.n_threads_batch = n_threads
         params.flash_attn_type = flash_attn
+        params.offload_kqv = True
+        params.op_offload = True
+        params.swa_full = False
         params.no_perf = True
         ctx = self.lib.llama_init_from_model(model, params)
         if not ctx:
             raise LlamaCppError("llama.cpp cannot create a context: " + " | ".join(self.log[-3:]).strip())
+        tpp = self.lib.ggml_threadpool_params_default(n_threads)
+        pool = self.lib.ggml_threadpool_new(C.byref(tpp))
+        if not pool:
+            raise LlamaCppError(f"ggml_threadpool_new failed for {n_threads} threads")
+        self.lib.llama_attach_threadpool(ctx, pool, None)
+        self.lib.llama_set_n_threads(ctx, n_threads, n_threads)
+        self._pools.append(pool)
         return ctx
 
     def n_vocab(self, model: int) -> int:
@@ -239,8 +280,16 @@ class LibLlama:
 
     def decode(self, ctx: int, tokens: list[int]) -> None:
         """Decode ``tokens`` as one batch continuing the sequence (positions follow the cache)."""
+        self.decode_batch(ctx, self.batch(tokens))
+
+    def batch(self, tokens: list[int]) -> tuple[Batch, C.Array]:
+        """``tokens`` as a ready batch (and the array it points into, kept alive with it): a
+        timed loop decodes prepared batches, so it spends no host time building them."""
         arr = (C.c_int32 * len(tokens))(*tokens)
-        rc = self.lib.llama_decode(ctx, self.lib.llama_batch_get_one(arr, len(tokens)))
+        return self.lib.llama_batch_get_one(arr, len(tokens)), arr
+
+    def decode_batch(self, ctx: int, batch: tuple[Batch, C.Array]) -> None:
+        rc = self.lib.llama_decode(ctx, batch[0])
         if rc != 0:
             raise LlamaCppError(f"llama_decode returned {rc}: " + " | ".join(self.log[-2:]).strip())
 
@@ -255,8 +304,23 @@ class LibLlama:
             raise LlamaCppError("llama_get_logits_ith returned NULL (no logits for that batch row)")
         return np.ctypeslib.as_array(ptr, shape=(n_vocab,)).copy()
 
-    def clear_memory(self, ctx: int) -> None:
-        self.lib.llama_memory_clear(self.lib.llama_get_memory(ctx), True)
+    def clear_memory(self, ctx: int, data: bool = False) -> None:
+        """Forget every cached token (``data``: zero the buffers too; llama-bench does not)."""
+        self.lib.llama_memory_clear(self.lib.llama_get_memory(ctx), data)
+
+    def save_state(self, ctx: int, seq: int = 0) -> bytes:
+        """Sequence ``seq``'s cache and state, as llama-bench keeps its depth prefill."""
+        n = self.lib.llama_state_seq_get_size(ctx, seq)
+        buf = (C.c_uint8 * n)()
+        got = self.lib.llama_state_seq_get_data(ctx, buf, n, seq)
+        if got == 0:
+            raise LlamaCppError("llama_state_seq_get_data saved nothing")
+        return bytes(buf)[:got]
+
+    def restore_state(self, ctx: int, state: bytes, seq: int = 0) -> None:
+        buf = (C.c_uint8 * len(state)).from_buffer_copy(state)
+        if self.lib.llama_state_seq_set_data(ctx, buf, len(state), seq) == 0:
+            raise LlamaCppError("llama_state_seq_set_data refused the saved state")
 
     def free(self, ctx: int | None = None, model: int | None = None) -> None:
         if ctx:

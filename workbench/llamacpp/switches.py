@@ -23,6 +23,15 @@ from pathlib import Path
 
 from ..strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
 
+#: llama.cpp's fusion pass as Strategy knobs: with ``GGML_CUDA_DISABLE_FUSION`` unset (its
+#: default) its CUDA backend applies every fusion the workbench models, each where a family has
+#: its pattern (``ggml_cuda_try_fuse``: rms_norm+mul(+add), mul_mat+add, mul_mat+glu,
+#: rope+set_rows, add chains, the top-k MoE router; the GDN state copy removal). The workbench's
+#: passes are structural too (a family without the pattern is left unchanged: ``copy-elim`` acts
+#: on GDN layers only, ``topk-moe`` on MoE routers only), so one set means "fusion on" for every
+#: family, for llama.cpp's switch and for our backends alike.
+LLAMACPP_FUSION = frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS)  # not the workbench's own (no llama.cpp kernel)
+
 #: every variable this module may set: a worker's environment starts without them
 SWITCH_VARS = ("GGML_CUDA_DISABLE_GRAPHS", "GGML_CUDA_PDL", "GGML_CUDA_GRAPH_OPT", "GGML_CUDA_DISABLE_FUSION",
                "PEER_DISABLE_GDN_FUSION", "PEER_SCHED_SYNC")
@@ -105,8 +114,8 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
         env["GGML_CUDA_GRAPH_OPT"] = "1"
     if fused:
         notes.append("fusion: GGML_CUDA_DISABLE_FUSION unset turns on llama.cpp's whole fusion set "
-                     "(rms_norm+mul, add chains, rope+set_rows, top-k MoE, GDN copy removal, ...)")
-        rest = sorted(set(FUSIONS) - set(WORKBENCH_FUSIONS) - s.fusion - {"copy-elim"})
+                     f"({', '.join(sorted(LLAMACPP_FUSION))})")
+        rest = sorted(LLAMACPP_FUSION - s.fusion - {"copy-elim"})
         if rest:
             notes.append(f"fusion: llama.cpp cannot turn its fusions on one by one: {', '.join(rest)} run as well")
         if has_gdn and "copy-elim" not in s.fusion:

@@ -2,11 +2,12 @@
 
 llama.cpp reads its switches (``GGML_CUDA_*``) once per process, so the backend starts one
 worker per strategy with the switches in its environment. The worker loads the build through
-ctypes, decodes the job's tokens one at a time and times each as llama-bench does
-(``llama_decode`` + ``llama_synchronize``: a warm-up token first, then per repetition the cache
-cleared, the depth prompt decoded untimed, the tokens timed). With ``trace`` a CUPTI capture
-starts before the first decode (CUPTI must see llama.cpp's CUDA graphs instantiated) and each
-timed token of the last repetition is marked. Results go to the job's ``out`` folder:
+ctypes, sets the context up as llama-bench does (its n_batch/n_ubatch, a CPU threadpool
+attached, the sliding-window cache as a ring) and times the job's tokens as llama-bench's
+``tg`` test does (:func:`time_tokens`). Logits are read, and with ``trace`` each token marked,
+in one more repetition after the timed ones, so the timed loop runs nothing llama-bench's does
+not. With ``trace`` a CUPTI capture starts before the first decode (CUPTI must see llama.cpp's
+CUDA graphs instantiated). Results go to the job's ``out`` folder:
 ``result.json`` (timings, facts, or ``error``), ``logits.npy``, ``trace.pkl`` + ``trace.json``.
 """
 
@@ -17,6 +18,7 @@ import os
 import sys
 import time
 import traceback
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -35,7 +37,7 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
                            "or use a CPU build with n_gpu_layers=0")
     model = lib.load_model(job["model"], job["n_gpu_layers"])
     ctx = lib.new_context(model, n_ctx=job["n_ctx"], n_threads=job["n_threads"], flash_attn=job["flash_attn"],
-                          n_batch=job["n_batch"])
+                          n_batch=job["n_batch"], n_ubatch=job["n_ubatch"])
     n_vocab = lib.n_vocab(model)
     tokens = [int(t) for t in job["token_ids"]]
     bad = [t for t in tokens + list(job["prompt_ids"]) if not 0 <= t < n_vocab]
@@ -48,45 +50,101 @@ def run_job(job: dict[str, Any]) -> dict[str, Any]:
         if not cupti_available():
             raise RuntimeError("tracing llama.cpp needs cupti-python (pip install cupti-python, or the gpu extra)")
         cap = CuptiCapture(backend="llamacpp").start()  # before the first decode: see the module docstring
-
-    def prompt() -> None:
-        ids = list(job["prompt_ids"])
-        for i in range(0, len(ids), job["n_batch"]):
-            lib.decode(ctx, ids[i:i + job["n_batch"]])
-        lib.synchronize(ctx)
-
-    if job["warmup"]:
-        lib.decode(ctx, [tokens[0]])
-        lib.synchronize(ctx)
-    reps = max(1, int(job["reps"]))
-    per_token = np.zeros((reps, len(tokens)), np.int64)
-    token_start = np.zeros(len(tokens), np.int64)  # host clock, last repetition
-    logits = np.zeros((len(tokens), n_vocab), np.float32) if job["logits"] else None
-    for r in range(reps):
-        lib.clear_memory(ctx)
-        prompt()
-        last = r == reps - 1
-        for i, tok in enumerate(tokens):
-            if cap is not None and last:
-                cap.mark_token(i)
-            t0 = time.perf_counter_ns()
-            lib.decode(ctx, [tok])
-            lib.synchronize(ctx)
-            per_token[r, i] = time.perf_counter_ns() - t0
-            token_start[i] = t0
-            if logits is not None and last:
-                logits[i] = lib.logits(ctx, n_vocab)
+    timing = time_tokens(lib, ctx, tokens, list(job["prompt_ids"]), job["n_batch"], max(1, int(job["reps"])),
+                         job["warmup"])
+    logits = None
+    if job["logits"] or cap is not None:  # after the timed repetitions: reading logits costs time
+        logits = record_pass(lib, ctx, tokens, timing.depth_state, n_vocab, cap)
     result: dict[str, Any] = {
-        "n_vocab": n_vocab, "per_token_ns": per_token.tolist(), "token_start_ns": token_start.tolist(),
-        "devices": devices, "system_info": lib.system_info(), "pid": os.getpid(),
+        "n_vocab": n_vocab, "per_token_ns": timing.per_token_ns.tolist(), "rep_ns": timing.rep_ns.tolist(),
+        "token_start_ns": timing.token_start_ns.tolist(), "devices": devices, "system_info": lib.system_info(),
+        "pid": os.getpid(), "n_threads": job["n_threads"],
     }
     if cap is not None:
         trace = finish_trace(cap, len(tokens))
         trace.events.to_pickle(out / "trace.pkl")
         (out / "trace.json").write_text(json.dumps(trace.meta, default=str))
-    if logits is not None:
+    if logits is not None and job["logits"]:
         np.save(out / "logits.npy", logits)
     return result  # no llama_free: the process ends with os._exit, and CUDA teardown has nothing to add
+
+
+@dataclass
+class Timing:
+    """llama-bench's samples: ``rep_ns[r]`` the wall time of repetition r's token loop (its
+    ``samples_ns``), ``per_token_ns[r, i]`` each token's decode + synchronize inside it,
+    ``token_start_ns`` the host clock at each token of the last repetition, ``depth_state`` the
+    sequence state after the depth prefill (None without one)."""
+
+    rep_ns: np.ndarray
+    per_token_ns: np.ndarray
+    token_start_ns: np.ndarray
+    depth_state: bytes | None
+
+
+def time_tokens(lib, ctx, tokens: list[int], prompt_ids: list[int], n_batch: int, reps: int,
+                warmup: bool) -> Timing:
+    """llama-bench's ``tg`` test, step for step (tools/llama-bench/llama-bench.cpp, main loop):
+    the cache cleared (buffers kept), one warm-up token at position 0 (``test_gen(ctx, 1)``);
+    per repetition the cache cleared, the depth prompt decoded in ``n_batch`` chunks on the first
+    and its saved state restored on the others (``cstate``), then the clock started, each token
+    decoded (a batch prepared before the loop) and synchronized, the clock stopped. Nothing else
+    runs inside the timed loop (two host clock reads per token, as llama-bench's loop fills its
+    batch between tokens)."""
+    lib.clear_memory(ctx)
+    if warmup:
+        lib.decode(ctx, [tokens[0]])
+        lib.synchronize(ctx)
+    n = len(tokens)
+    rep_ns = np.zeros(reps, np.int64)
+    per_token = np.zeros((reps, n), np.int64)
+    starts = np.zeros(n, np.int64)
+    state = None
+    clock = time.perf_counter_ns
+    decode, sync = lib.decode_batch, lib.synchronize
+    batches = [lib.batch([tok]) for tok in tokens]
+    for r in range(reps):
+        state = depth(lib, ctx, prompt_ids, n_batch, state)
+        t_rep = clock()
+        for i, batch in enumerate(batches):
+            t0 = clock()
+            decode(ctx, batch)
+            sync(ctx)
+            t1 = clock()
+            per_token[r, i] = t1 - t0
+            starts[i] = t0
+        rep_ns[r] = clock() - t_rep
+    return Timing(rep_ns, per_token, starts, state)
+
+
+def depth(lib, ctx, prompt_ids: list[int], n_batch: int, state: bytes | None) -> bytes | None:
+    """Clear the cache and put the depth prompt in it: decoded (``test_prompt``) the first time,
+    restored from ``state`` after; returns the state to restore next time."""
+    lib.clear_memory(ctx)
+    if not prompt_ids:
+        return None
+    if state is not None:
+        lib.restore_state(ctx, state)
+        return state
+    for i in range(0, len(prompt_ids), n_batch):
+        lib.decode(ctx, prompt_ids[i:i + n_batch])
+    lib.synchronize(ctx)
+    return lib.save_state(ctx)
+
+
+def record_pass(lib, ctx, tokens: list[int], state: bytes | None, n_vocab: int, cap) -> np.ndarray:
+    """One more untimed repetition that reads each token's logits (and marks it in the trace)."""
+    lib.clear_memory(ctx)
+    if state is not None:
+        lib.restore_state(ctx, state)
+    logits = np.zeros((len(tokens), n_vocab), np.float32)
+    for i, tok in enumerate(tokens):
+        if cap is not None:
+            cap.mark_token(i)
+        lib.decode(ctx, [tok])
+        lib.synchronize(ctx)
+        logits[i] = lib.logits(ctx, n_vocab)
+    return logits
 
 
 def finish_trace(cap, n_tokens: int):

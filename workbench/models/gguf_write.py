@@ -21,6 +21,15 @@ renamed and laid out as ``convert_hf_to_gguf.py`` does for the architecture, so 
   rows (the graph stores gpt-oss's experts output-major, as the GGUF does, in every dtype).
 
 Tensors are produced one at a time, so the full-size presets stream to disk.
+
+``fill="tiled"`` (``workbench gguf --fill tiled``) is for timing runs only: a tensor larger
+than :data:`EXACT_ELEMS` repeats a few rows (:data:`POOL_ELEMS` values) drawn from its own seeded distribution
+(same scale, quantised the same way) instead of drawing every row, so a 16 GB model is written
+at disk speed rather than in minutes. The values differ from ``random_weights``, so logits no
+longer match the other backends' runs of the preset; a backend that runs the *file*
+(``workbench run --model FILE.gguf``) reads the same values as llama.cpp. Decode time does not
+depend on the values, except MoE routing, which stays random-like: routers (and norms, biases,
+every tensor up to the pool size) are drawn exactly, and the tokens differ row by row.
 """
 
 from __future__ import annotations
@@ -46,6 +55,15 @@ QTYPES = ("f16", "f32", *WEIGHT_QTYPES)
 
 #: Bumped when the file layout changes, so cached files are rewritten.
 WRITER_VERSION = 2  # 2: gpt-oss's quantised experts drawn in the HF layout (new seeded values)
+
+#: How weights are filled: ``exact`` = ``random_weights(seed)`` (logits compare with the other
+#: backends); ``tiled`` = a seeded pool of rows repeated (timing runs; see the module docstring).
+FILLS = ("exact", "tiled")
+#: Tensors up to this many elements are drawn exactly by a ``tiled`` fill (norms, biases, and
+#: every MoE router of the presets, so routing stays as random as the exact weights').
+EXACT_ELEMS = 1 << 20
+#: Elements (whole rows, at least one) a larger ``tiled`` tensor draws before repeating them.
+POOL_ELEMS = 1 << 16
 
 #: workbench dtype -> ggml type name (``gguf.GGMLQuantizationType``) and the file type it makes.
 GGML_NAMES = {"f32": "F32", "f16": "F16", "bf16": "BF16", "q8_0": "Q8_0", "q4_0": "Q4_0", "q4_k": "Q4_K",
@@ -343,15 +361,58 @@ def add_metadata(w, cfg: ModelConfig, qtype: str) -> None:
 # the file
 # ------------------------------------------------------------------------------------------
 
-def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str = "f16") -> Path:
+def tiled_weight(graph, name: str, seed: int = 0, scratch: dict | None = None) -> Array:
+    """``random_weight(graph, name, seed)`` for a tensor of up to :data:`EXACT_ELEMS` elements;
+    a larger one (its rows: every axis but the last) repeats the rows of :data:`POOL_ELEMS` values drawn at the
+    tensor's own scale from its own seeded stream, stored (quantised) as the tensor is.
+
+    With ``scratch`` (a dict the caller keeps) a large result lives in a buffer the next call
+    reuses: a writer that writes each tensor before drawing the next skips the page faults of a
+    fresh allocation, most of a tiled write's time."""
+    from .weights import _init, _stable_hash, random_weight, to_storage
+
+    view = graph.weights[name]
+    if view.numel <= EXACT_ELEMS or len(view.shape) < 2:
+        return random_weight(graph, name, seed)
+    k = view.shape[-1]
+    n_rows = view.numel // k
+    pool_rows = max(1, POOL_ELEMS // k)
+    rng = np.random.default_rng([seed, _stable_hash(name)])
+    pool = to_storage(np.asarray(_init(name, (pool_rows, k), rng, fan_in=k), np.float32), view.dtype)
+    rows = _empty((n_rows, pool.shape[-1]), pool.dtype, scratch)
+    done = min(pool_rows, n_rows)
+    rows[:done] = pool[:done]
+    while done < n_rows:  # doubling copies: memcpy speed (np.tile goes through repeat, 10x slower)
+        k = min(done, n_rows - done)
+        rows[done:done + k] = rows[:k]
+        done += k
+    return rows.reshape(*view.shape[:-1], pool.shape[-1])
+
+
+def _empty(shape: tuple[int, int], dtype, scratch: dict | None) -> Array:
+    """``np.empty(shape, dtype)``, or a view of ``scratch``'s buffer (grown as needed)."""
+    if scratch is None:
+        return np.empty(shape, dtype)
+    n = shape[0] * shape[1] * np.dtype(dtype).itemsize
+    buf = scratch.get("buf")
+    if buf is None or buf.nbytes < n:
+        buf = scratch["buf"] = np.empty(n, np.uint8)
+    return buf[:n].view(dtype).reshape(shape)
+
+
+def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str = "f16",
+               fill: str = "exact") -> Path:
     """Write ``cfg`` with ``random_weights(build_graph(cfg), seed)`` as a GGUF at ``path``
     (a block ``qtype``: of ``cfg.with_(weight_dtype=qtype)``, the weights a run with
-    ``--weight-dtype qtype`` draws)."""
+    ``--weight-dtype qtype`` draws; ``fill="tiled"``: :func:`tiled_weight` instead, for timing)."""
     import gguf
 
     from . import build_graph
     from .weights import random_weight
 
+    if fill not in FILLS:
+        raise GGUFWriteError(f"--fill {fill!r} is not supported; choose one of {', '.join(FILLS)} (exact: the "
+                             "seeded weights every backend runs; tiled: fast, for timing only)")
     if qtype not in QTYPES:
         raise GGUFWriteError(f"--qtype {qtype!r} is not supported; choose one of {', '.join(QTYPES)}")
     if cfg.model_type not in ARCH_OF:
@@ -386,8 +447,12 @@ def write_gguf(cfg: ModelConfig, path: str | Path, *, seed: int = 0, qtype: str 
     w.write_kv_data_to_file()
     w.write_ti_data_to_file()
     # pass 2: the values, one HF tensor at a time
-    for (gname, dt), (gname2, a, _) in zip(infos, gguf_tensors(cfg, graph, lambda n: random_weight(graph, n, seed)),
-                                           strict=True):
+    scratch: dict = {}  # each tensor is written before the next is drawn
+
+    def draw(name: str) -> Array:
+        return random_weight(graph, name, seed) if fill == "exact" else tiled_weight(graph, name, seed, scratch)
+
+    for (gname, dt), (gname2, a, _) in zip(infos, gguf_tensors(cfg, graph, draw), strict=True):
         assert gname == gname2
         w.write_tensor_data(np.ascontiguousarray(a.astype(dt, copy=False)))
     w.close()
@@ -399,15 +464,20 @@ def cache_dir() -> Path:
     return Path(os.environ.get("WORKBENCH_CACHE") or Path.home() / ".cache" / "workbench") / "gguf"
 
 
-def cached_gguf(cfg: ModelConfig, *, seed: int = 0, qtype: str = "f16") -> Path:
-    """The GGUF of ``cfg`` (seeded random weights), written on first use and kept in the cache
-    (``$WORKBENCH_CACHE``, default ``~/.cache/workbench``) under a hash of the config."""
-    key = json.dumps({"hf": cfg.hf, "seed": seed, "qtype": qtype, "v": WRITER_VERSION}, sort_keys=True)
-    digest = hashlib.sha256(key.encode()).hexdigest()[:12]
-    path = cache_dir() / f"{cfg.name}-{cfg.n_layer}L-{qtype}-s{seed}-{digest}.gguf"
+def cached_gguf(cfg: ModelConfig, *, seed: int = 0, qtype: str = "f16", fill: str = "exact") -> Path:
+    """The GGUF of ``cfg`` (seeded random weights, or ``fill="tiled"``), written on first use and
+    kept in the cache (``$WORKBENCH_CACHE``, default ``~/.cache/workbench``) under a hash of the
+    config."""
+    spec = {"hf": cfg.hf, "seed": seed, "qtype": qtype, "v": WRITER_VERSION}
+    if fill != "exact":  # exact files keep their old names
+        spec["fill"] = fill
+    digest = hashlib.sha256(json.dumps(spec, sort_keys=True).encode()).hexdigest()[:12]
+    tag = "" if fill == "exact" else f"-{fill}"
+    path = cache_dir() / f"{cfg.name}-{cfg.n_layer}L-{qtype}{tag}-s{seed}-{digest}.gguf"
     if not path.is_file():
-        write_gguf(cfg, path, seed=seed, qtype=qtype)
+        write_gguf(cfg, path, seed=seed, qtype=qtype, fill=fill)
     return path
 
 
-__all__ = ["QTYPES", "ConfigError", "GGUFWriteError", "cached_gguf", "gguf_tensors", "vocabulary", "write_gguf"]
+__all__ = ["FILLS", "QTYPES", "ConfigError", "GGUFWriteError", "cached_gguf", "gguf_tensors", "tiled_weight",
+           "vocabulary", "write_gguf"]

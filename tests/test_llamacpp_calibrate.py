@@ -1,0 +1,239 @@
+"""``workbench calibrate --target llamacpp``: the offline fit on the committed llama.cpp
+timelines (``data/traces/llamacpp/``), the calibration it writes, and the simulator under it."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import workbench
+from workbench.cli import main as cli
+from workbench.exec.calibrate.llamacpp_fit import fit_folder, hold_out, read_measured
+from workbench.exec.calibrate.llamacpp_schedule import llamacpp_strategy
+from workbench.exec.calibrate.llamacpp_traces import TraceFolderError, matched_kernels, read_traces
+from workbench.exec.calibration import (
+    CALIBRATION_DIR,
+    CalibrationError,
+    default_gpu,
+    load_calibration,
+    parse_calibration,
+)
+from workbench.exec.cost import measured_fit
+from workbench.models import preset
+from workbench.strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
+from workbench.strategy.steps import plan_for
+
+ROOT = Path(__file__).resolve().parents[1]
+TRACES = ROOT / "data" / "traces" / "llamacpp"
+FUSED = frozenset({"rms-norm-mul", "copy-elim"})
+
+
+@pytest.fixture(scope="module")
+def fitted() -> dict:
+    return fit_folder(TRACES, json.loads((CALIBRATION_DIR / "h200.json").read_text()))
+
+
+def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fitted):
+    cal = parse_calibration(fitted, "fit")
+    assert cal.executor == "llamacpp" and cal.host_profile == "llama.cpp"
+    # llama.cpp's fused kernels, fitted under their own ops (its fusion pass ran in the traces)
+    for op in ("MUL_MAT", "MUL_MAT_GLU", "MUL_MAT_ADD", "RMS_NORM_MUL", "ROPE_SET_ROWS", "FLASH_ATTN_EXT"):
+        assert op in cal.ops, op
+    # the cuda executor's op/kernel fits are gone: their kernel names are the workbench's
+    assert not [k for k in cal.ops if "/" in k and "k_mul_mat" in k]
+    assert fitted["measured"]["traces"] and fitted["measured"]["kernels_fitted"] > 100
+    # host numbers from the timelines say so
+    src = fitted["sources"]
+    assert "CUPTI" in src["host_profiles.llama.cpp.graph_launch_ns"]
+    assert "llama.cpp" in src["device.dependency_gap_ns"]
+    assert src["device.pdl_prologue_ns"].startswith("from the h200 base calibration")
+    assert "simulator in the loop" in src["device.pdl_release_ns"]
+    assert "simulator in the loop" in src["host_profiles.llama.cpp.token_overhead_ns"]
+    assert "GGML_CUDA_GRAPH_OPT" in src["host_profiles.llama.cpp.graph_stream_ns"]
+
+
+def test_shipped_calibration_predicts_the_recorded_runs_in_sample():
+    """In-sample check of the shipped file (fitted on these recordings): each run within 5 %."""
+    from workbench.exec.calibrate.llamacpp_fit import simulated_us, token_span_us
+
+    cal = load_calibration("h200-llamacpp")
+    for t in read_traces(TRACES):
+        assert simulated_us(t, cal)[0] == pytest.approx(token_span_us(t), rel=0.05), t.name
+
+
+def test_kernels_match_plan_nodes_of_llamacpps_schedule():
+    t = next(t for t in read_traces(TRACES) if t.name.endswith("_graphs"))
+    m, unmatched = matched_kernels(t, load_calibration("h200"))
+    # every token's mat-vecs matched (Q, K, V, O+residual, gate+up+GLU, down+residual per layer + lm_head)
+    per_token = m[m["family"] == "mul_mat"].groupby("token").size()
+    assert (per_token == 6 * 2 + 1).all()
+    assert set(m["op"]) >= {"MUL_MAT_GLU", "MUL_MAT_ADD", "ROPE_SET_ROWS"}
+    assert (m["exposed_ns"] > 0).all()
+    assert set(unmatched["family"]) <= {"get_rows", "elementwise"}  # llama.cpp's out_ids rows, its last ADD
+
+
+def test_llamacpp_strategy_applies_its_whole_fusion_set():
+    llamacpps = frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS)  # not the workbench's own
+    assert llamacpp_strategy(Strategy(graphs=True, fusion=FUSED)).fusion == llamacpps
+    no_gdn_copy_elim = Strategy(graphs=True, fusion={"rms-norm-mul"})
+    assert llamacpp_strategy(no_gdn_copy_elim).fusion == llamacpps - {"copy-elim"}
+    assert llamacpp_strategy(Strategy(graphs=True)).fusion == frozenset()
+
+
+def test_command_writes_a_calibration_the_simulator_runs(tmp_path, capsys):
+    out = tmp_path / "h200-llamacpp.json"
+    assert cli(["calibrate", "--target", "llamacpp", "--from-traces", str(TRACES), "--out", str(out)]) == 0
+    cal = load_calibration(path=out)
+    assert cal.executor == "llamacpp"
+    assert "MUL_MAT_GLU" in capsys.readouterr().err
+    run = workbench.run("llama-3.2-1b", Strategy(graphs=True, pdl=True, fusion=FUSED), tokens=3, backend="sim",
+                        layers=2, context=512, start_pos=448, calibration=cal, quiet=True)
+    assert run.stats["us_per_token"] > 0
+    ops = {la.node.op for la in run.meta["plans"][-1].launches}
+    assert {"MUL_MAT_GLU", "MUL_MAT_ADD"} <= ops  # llama.cpp's kernel list, not the Strategy's fusions alone
+
+
+def test_shipped_llamacpp_calibration_simulates_by_name():
+    run = workbench.run("llama-3.2-1b", Strategy(graphs=True, fusion=FUSED), tokens=2, backend="sim", layers=2,
+                        gpu="h200-llamacpp", quiet=True)
+    assert run.stats["us_per_token"] > 0
+    cal = run.meta["calibration"]
+    assert "llamacpp" in run.device and cal.executor == "llamacpp"
+    node = next(la.node for la in run.meta["plans"][-1].launches if la.node.op == "MUL_MAT_GLU")
+    assert measured_fit(node, cal)[0] == "op"
+    assert default_gpu(None)[0] != "h200-llamacpp"  # the default stays the workbench's own executor
+
+
+def test_cli_run_takes_calibration_name(capsys):
+    assert cli(["run", "--model", "llama-3.2-1b", "--layers", "2", "--tokens", "2", "--backend", "sim",
+                "--calibration", "h200-llamacpp", "--graphs", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["us_per_token"] > 0
+
+
+def test_hold_out_leaves_a_model_out_of_the_fit():
+    traces = read_traces(TRACES)
+    assert hold_out(traces, ["qwen3-8b"]) == traces
+    assert hold_out(traces, ["llama-3.2-1b"]) == []
+    with pytest.raises(TraceFolderError, match="held out"):
+        fit_folder(TRACES, json.loads((CALIBRATION_DIR / "h200.json").read_text()), held_out=["llama-3.2-1b"])
+
+
+def test_bad_inputs_are_clear(tmp_path, capsys):
+    assert cli(["calibrate", "--target", "llamacpp", "--from-traces", str(tmp_path)]) == 2
+    assert "holds no trace" in capsys.readouterr().err
+    assert cli(["calibrate", "--target", "llamacpp", "--from-traces", str(tmp_path / "nope")]) == 2
+    assert "does not exist" in capsys.readouterr().err
+    assert cli(["calibrate", "--from-traces", str(TRACES)]) == 2
+    assert "--target llamacpp" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        cli(["calibrate", "--target", "tensorrt"])
+    assert "invalid choice" in capsys.readouterr().err
+    with pytest.raises(CalibrationError, match="no calibration for GPU 'h300'"):
+        load_calibration("h300")
+
+
+def test_read_measured_prefers_the_backend_over_llama_bench(tmp_path):
+    p = tmp_path / "peer.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in (
+        {"tool": "llama-bench", "model": "llama-3.2-1b", "config": "default", "us": [700.0]},
+        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "default", "us": [710.0, 712.0]},
+        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "default", "us": [714.0]},
+        {"tool": "cuda", "model": "llama-3.2-1b", "config": "default", "us": [900.0]},
+        {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "pdl0", "error": "boom"},
+        {"tool": "llama-bench", "model": "qwen3-30b-a3b (8 layers)", "config": "pdl0", "us": [5000.0]})) + "\n")
+    assert read_measured(p) == {("llama-3.2-1b", 16, "default"): 712.0, ("qwen3-30b-a3b", 8, "pdl0"): 5000.0}
+
+
+def test_plan_of_a_trace_matches_the_recorded_meta():
+    t = read_traces(TRACES)[0]
+    cfg = preset(t.model, layers=t.layers, context=t.context)
+    assert plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos)).launches
+
+
+def test_fidelity_report_against_llamacpp_runs_on_the_committed_traces(tmp_path):
+    """The report's mechanics on a made-up measured file (its numbers are test inputs, not data)."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sim_fidelity import report_llamacpp
+
+    p = tmp_path / "peer.jsonl"
+    p.write_text("\n".join(json.dumps({"tool": "llamacpp", "model": "llama-3.2-1b (2 layers)", "config": c, "us": us})
+                           for c, us in (("pdl0", [600.0, 610.0]), ("default", [590.0]), ("graph_opt", [620.0]),
+                                         ("no_graphs_pdl0", [900.0]), ("bogus", [1.0]))) + "\n")
+    res = report_llamacpp(p, TRACES, None, set(), tmp_path, tokens=3, start_pos=448, context=512)
+    df, kn = res["rows"], res["knobs"]
+    assert sorted(df["strategy"]) == ["default", "graph_opt", "no_graphs_pdl0", "pdl0"]  # unknown configs dropped
+    assert set(kn["knob"]) >= {"PDL under graphs", "CUDA graphs (PDL off)"}
+    md = (tmp_path / "sim_fidelity_llamacpp_h200.md").read_text()
+    assert "**Acceptance**" in md and f"of {len(df)} cells" in md
+    assert res["calibration"].executor == "llamacpp"
+
+
+def test_fit_recovers_the_simulators_own_kernel_costs(tmp_path):
+    """Round trip on MoE and GDN shapes: the simulator's timelines under the llama.cpp calibration,
+    dressed as llamacpp traces (op and family per kernel), fit back to kernel costs that predict
+    every kernel (the matching and the fit are right where the truth is known)."""
+    import dataclasses
+
+    from workbench.trace import Trace
+    from workbench.trace.io import save_trace
+
+    for model in ("qwen3-30b-a3b", "qwen3-next-80b-a3b"):
+        for config, s in (("pdl0", Strategy(graphs=True, fusion=FUSED)), ("no_graphs_pdl0", Strategy(fusion=FUSED))):
+            r = workbench.run(model, s, tokens=3, backend="sim", layers=2, context=512, start_pos=448,
+                              gpu="h200-llamacpp", quiet=True)
+            nodes = {la.node.name: la.node for p in r.meta["plans"] for la in p.launches}
+            ev = r.trace.events.copy()
+            ev["family"] = [nodes[n].family if n in nodes else "" for n in ev["node"]]
+            ev["op"] = [nodes[n].op if n in nodes else "" for n in ev["node"]]
+            knobs = {f.name: sorted(v) if isinstance(v, frozenset) else v
+                     for f in dataclasses.fields(s) for v in [getattr(s, f.name)]}
+            meta = dict(r.trace.meta, backend="llamacpp", model=model, layers=2, context=512, start_pos=448,
+                        strategy_knobs=knobs, config=config, gpu_name="NVIDIA H200")
+            save_trace(Trace(ev, meta), tmp_path / f"{model}-L2_{config}.parquet")
+    cal = fit_folder(tmp_path, json.loads((CALIBRATION_DIR / "h200.json").read_text()))
+    fits = cal["measured"]["op_fits"]
+    assert {"MUL_MAT_ID_GLU", "TOPK_MOE", "GATED_DELTA_NET", "SSM_CONV"} <= {f["op"] for f in fits}
+    assert max(f["median_rel_err"] for f in fits) < 0.01
+    assert not cal["measured"]["unmatched"]
+
+
+def test_untraced_measurements_lower_what_tracing_inflates():
+    """Given untraced us/token below what the traced host calls allow (values made up for the
+    test), the token overhead goes to 0 and the traced graph launch comes down."""
+    from workbench.exec.calibrate.llamacpp_fit import fit
+
+    traces = read_traces(TRACES)
+    measured = {("llama-3.2-1b", 2, t.config_label): 300.0 for t in traces}
+    cal = fit(traces, json.loads((CALIBRATION_DIR / "h200.json").read_text()), measured)
+    prof, src = cal["host_profiles"]["llama.cpp"], cal["sources"]
+    assert prof["token_overhead_ns"] == 0
+    assert "lowered" in src["host_profiles.llama.cpp.graph_launch_ns"]
+    assert cal["measured"]["cupti_kernel_ns"] == 0  # one kernel count: no slope to fit
+    parse_calibration(cal, "fit")
+
+
+def test_capture_script_names_and_bundles(tmp_path):
+    """benchmarks/llamacpp_capture.py on CPU: its file names are what the fit reads back, the
+    peer benchmark's configs are reused, and the bundle is one tar."""
+    import sys
+    import tarfile
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    import llamacpp_capture as cap
+    from llamacpp_peer import CONFIGS
+
+    caps = cap.captures(["llama-3.2-1b", "qwen3-30b-a3b:8"], ["default", "graph_opt"], 6)
+    assert [c.stem for c in caps] == ["llama-3.2-1b-L16_default", "llama-3.2-1b-L16_graph_opt",
+                                      "qwen3-30b-a3b-L8_default", "qwen3-30b-a3b-L8_graph_opt"]
+    assert caps[1].strategy == CONFIGS["graph_opt"][0] and caps[0].start_pos == 448 and caps[0].context == 512
+    assert set(cap.PLAIN_CONFIGS) <= set(CONFIGS) and "sync_boundary" not in cap.PLAIN_CONFIGS
+    d = tmp_path / "llamacpp_h200"
+    shutil.copytree(TRACES, d)
+    tar = cap.bundle(d, tmp_path / "out" / "b.tar")
+    with tarfile.open(tar) as tf:
+        assert "llamacpp_h200/llama-3.2-1b-L2_graphs.json.gz" in tf.getnames()

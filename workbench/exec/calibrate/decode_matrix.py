@@ -1,0 +1,139 @@
+"""Untraced decode us/token of a (model shape x strategy) matrix on the cuda executor, measured
+interleaved and written as JSON lines: the one measurement behind the fidelity report
+(``benchmarks/sim_fidelity.py``), the eager knob report (``benchmarks/eager_knobs.py``) and the
+eager fit (``python -m workbench.exec.fit_eager``).
+
+Why interleaved: measured one after another, two runs of the *same* work drift apart by up to
+2 % (``gpu_decode.json``: llama-3.2-1b eager vs eager+copy-elim, a no-op there, -1.9 %), as large
+as the knob effects the simulator is held to. So every strategy of a model shares one warmed-up
+executor each (weights shared on the GPU), and the repeats go round the strategies, each round
+in a rotated order: a slow drift then shifts every strategy alike.
+
+The file: one ``{"kind": "environment", ...}`` line (GPU, driver, date, tokens, repeats) and one
+``{"kind": "cell", ...}`` line per (model shape, strategy), written as soon as the model is done
+(a model whose executor fails leaves one ``{"kind": "error", ...}`` line and the run goes on).
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...strategy import Strategy
+from .specs import ModelSpec
+
+
+@dataclass(frozen=True)
+class MatrixModel:
+    """A model shape and the strategies measured on it (labelled by ``Strategy.label()``)."""
+
+    spec: ModelSpec
+    strategies: tuple[Strategy, ...]
+
+
+def _rounds(n: int, repeats: int) -> list[list[int]]:
+    """Round r visits the n strategies starting at r mod n: each one runs early and late alike."""
+    return [[(r + i) % n for i in range(n)] for r in range(repeats)]
+
+
+def measure_model(m: MatrixModel, tokens: int, repeats: int, seed: int = 0,
+                  log: Callable[[str], None] = print) -> list[dict[str, Any]]:
+    """One model shape's cells: every strategy's executor built (sharing the first one's weights)
+    and warmed up (kernels compiled, graph captured), then ``repeats`` interleaved rounds of one
+    ``tokens``-step run each; a run's us/token is the mean host time of its steady tokens."""
+    from ...api import run as run_model
+    from ..cuda import CudaExecutor
+
+    cfg = m.spec.config()
+    run = {"tokens": tokens, "backend": "cuda", "seed": seed, "start_pos": m.spec.pos}
+    t0 = time.perf_counter()
+    exs: list[Any] = []
+    us: list[list[float]] = [[] for _ in m.strategies]
+    try:
+        for st in m.strategies:
+            exs.append(CudaExecutor(cfg, st, "device", seed, share=exs[0] if exs else None))
+            run_model(cfg, st, **{**run, "tokens": 4}, executor=exs[-1])  # warm-up: compile, capture
+        t1 = time.perf_counter()
+        for order in _rounds(len(m.strategies), repeats):
+            for i in order:
+                us[i].append(float(run_model(cfg, m.strategies[i], **run, executor=exs[i]).stats["us_per_token"]))
+    finally:  # the next model needs the memory, whether or not this one finished
+        for ex in reversed(exs):
+            ex.release()
+    rows = []
+    for st, u in zip(m.strategies, us):
+        rows.append({"kind": "cell", **m.spec.to_dict(), "label": m.spec.label, "family": cfg.model_type,
+                     "strategy": st.label(), "tokens": tokens, "us_per_token": float(np.median(u)),
+                     "us_min": float(np.min(u)), "us_max": float(np.max(u)), "runs_us": u})
+        log(f"{m.spec.label:32s} {st.label():34s} {np.median(u):9.1f} us/token [{np.min(u):.1f}-{np.max(u):.1f}]")
+    log(f"{m.spec.label}: {len(m.strategies)} strategies, warm-up {t1 - t0:.1f} s, "
+        f"{repeats} rounds {time.perf_counter() - t1:.1f} s")
+    return rows
+
+
+def measure_matrix(models: Sequence[MatrixModel], out: Path, tokens: int, repeats: int, seed: int = 0,
+                   budget_s: float | None = None, log: Callable[[str], None] = print) -> int:
+    """Measure ``models`` in order into the JSON-lines file ``out`` (each model's cells written
+    when it is done). A model is not started once ``budget_s`` seconds have passed: the file
+    then holds the models before it, and the log names the ones skipped. Returns the cells written."""
+    from .environment import environment, warm_gpu
+
+    t0 = time.perf_counter()
+    n = 0
+    with Path(out).open("w") as f:
+        f.write(json.dumps({"kind": "environment", **environment(), "tokens": tokens, "repeats": repeats}) + "\n")
+        warm_gpu()
+        for m in models:
+            if budget_s is not None and time.perf_counter() - t0 > budget_s:
+                log(f"skipped {m.spec.label}: the {budget_s:.0f} s budget is spent")
+                continue
+            try:
+                rows = measure_model(m, tokens, repeats, seed, log)
+            except Exception as e:  # noqa: BLE001 - one model's failure must not lose the others' cells
+                log(f"FAILED {m.spec.label}: {e!r}")
+                rows = [{"kind": "error", **m.spec.to_dict(), "label": m.spec.label, "error": repr(e)}]
+            for row in rows:
+                f.write(json.dumps(row) + "\n")
+                n += row["kind"] == "cell"
+            f.flush()
+            log(f"--- {time.perf_counter() - t0:.0f} s")
+            _free_gpu()
+    return n
+
+
+def _free_gpu() -> None:
+    import gc
+
+    import cupy as cp
+
+    gc.collect()
+    cp.get_default_memory_pool().free_all_blocks()
+
+
+def read_matrix(path: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
+    """(environment with tokens and repeats, one row per cell) of a measured file: the JSON lines
+    of ``measure_matrix`` or the older JSON of the fidelity / eager knob reports
+    (``{"environment", "tokens", "repeats", "rows"}``)."""
+    text = Path(path).read_text()
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError:  # JSON lines: more than one value
+        data = None
+    if isinstance(data, dict) and "rows" in data:
+        env = {**data["environment"], "tokens": data["tokens"], "repeats": data["repeats"]}
+        return env, pd.DataFrame(data["rows"])
+    lines = [json.loads(x) for x in text.splitlines() if x.strip()]
+    envs = [x for x in lines if x.get("kind") == "environment"]
+    if not envs:
+        raise ValueError(f"{path}: no environment line; expected the JSON lines of "
+                         "workbench.exec.calibrate.decode_matrix.measure_matrix")
+    rows = pd.DataFrame([x for x in lines if x.get("kind") == "cell"]).drop(columns="kind", errors="ignore")
+    env = {k: v for k, v in envs[0].items() if k != "kind"}
+    return env, rows

@@ -1,0 +1,488 @@
+"""``workbench calibrate --target llamacpp``: the simulator's cost model of llama.cpp, fitted
+from CUPTI timelines of llama.cpp (``llamacpp_traces``), written as
+``data/calibration/<gpu>-llamacpp.json``.
+
+What the timelines show directly:
+
+* **kernels**: ``fixed_ns + work_scale x roofline`` per ggml op on llama.cpp's kernel for it
+  (``OP/kernel``, the kernel named as ``cost.kernel_name`` names llama.cpp's kernels), per op,
+  and per kernel family, by ``kernel_fit.fit_groups`` (the cuda target's fit) on the nodes
+  matched to llama.cpp's kernels. Durations come from the traces without PDL where the folder
+  has them (a PDL kernel starts early and waits, which the simulator models apart); a kernel's
+  time is what it adds to its stream (``exposed_ns``). Ops llama.cpp's traces do not show keep
+  the base calibration's op and family fits.
+* **host** (profile ``llama.cpp``): medians of llama.cpp's CUDA API calls (graph launch,
+  kernel launch, async copy, event record / wait), a synchronize that finds its stream idle
+  (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``); GRAPH_OPT's extra
+  host time per forked stream (``graph_stream_ns``, pairs of traces without / with it).
+* **device gaps**: between stream-ordered graph kernels without PDL (``dependency_gap_ns``)
+  and from ``cudaGraphLaunch``'s return to the graph's first kernel (``graph_launch_latency_ns``).
+
+What the timelines cannot show, fitted with the simulator in the loop against the us/token of
+each run (untraced ones from ``llamacpp_peer.py --jsonl`` where given, else the traced token's
+span in llama_decode): CUPTI's per-kernel excess (slope of the residuals over kernel counts),
+the host work of a token outside CUDA calls (``token_overhead_ns``: llama_decode's graph build,
+scheduling, graph-update checks, and the per-input syncs the workbench's host program lacks),
+the traced graph launch's inflation where the untraced runs are faster than it allows, the
+eager per-launch host work, and ``pdl_release_ns`` (``griddepcontrol.wait`` leaves no record)
+from the PDL knob's effect. Other PDL parameters stay the base calibration's probe values.
+
+Every number carries its source; a field the traces cannot give says it comes from the base.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from ...strategy.steps import plan_for
+from ..calibration import Calibration, CalibrationError, parse_calibration
+from .kernel_fit import MIN_OP_KERNELS, fit_groups
+from .llamacpp_schedule import llamacpp_strategy
+from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
+from .tables import nan_median
+
+#: host profile the fit writes (and the file's default)
+PROFILE = "llama.cpp"
+#: fixed-point steps of the token-overhead fit (``host_residuals``)
+RESIDUAL_STEPS = 4
+#: the values ``pdl_release`` tries (ns; 0: the wait lets go as the predecessor completes)
+PDL_RELEASE_GRID_NS = (0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0)
+#: CUDA API name -> host cost field it measures
+API_FIELDS = {"cudaGraphLaunch": "graph_launch_ns", "cudaLaunchKernel": "launch_ns",
+              "cudaLaunchKernelExC": "launch_pdl_ns", "cudaMemcpyAsync": "memcpy_async_ns",
+              "cudaEventRecord": "event_record_ns", "cudaStreamWaitEvent": "stream_wait_event_ns"}
+
+
+def model_key(model: str, layers: int | None = None) -> tuple[str, int]:
+    """(preset, layers) of a model, ``llamacpp_peer.py``'s labels included (``qwen3-30b-a3b (8
+    layers)``; no count: all the preset's layers)."""
+    from ...models import preset
+
+    name, _, rest = model.partition(" (")
+    if rest.endswith(" layers)"):
+        layers = int(rest.split()[0])
+    return name, int(layers or preset(name).n_layer)
+
+
+def measured_table(path: Path) -> pd.DataFrame:
+    """Untraced llama.cpp us/token from ``llamacpp_peer.py --jsonl`` records, one row per
+    (preset, layers, config): the median and min..max of every repetition of the ``llamacpp``
+    tool's records (``llama-bench``'s where the backend has none), and which tool it is."""
+    per: dict[tuple[str, str, int, str], list[float]] = {}
+    for line in Path(path).read_text().splitlines():
+        if not line.strip():
+            continue
+        r = json.loads(line)
+        if r.get("tool") not in ("llamacpp", "llama-bench") or r.get("us") is None:
+            continue
+        us = r["us"] if isinstance(r["us"], list) else [r["us"]]
+        per.setdefault((r["tool"], *model_key(str(r["model"])), str(r["config"])), []).extend(map(float, us))
+    rows = {}
+    for (tool, model, layers, config), us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
+        if us:  # llamacpp rows come last and replace llama-bench's
+            rows[(model, layers, config)] = {"model": model, "layers": layers, "config": config, "tool": tool,
+                                             "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
+                                             "us_max": float(np.max(us))}
+    return pd.DataFrame(list(rows.values()), columns=["model", "layers", "config", "tool", "us_per_token", "us_min",
+                                                      "us_max"])
+
+
+def read_measured(path: Path | None) -> dict[tuple[str, int, str], float]:
+    """Median untraced us/token by (preset, layers, config) (``measured_table``); {} without a file."""
+    if path is None:
+        return {}
+    t = measured_table(path)
+    return {(r.model, int(r.layers), r.config): r.us_per_token for r in t.itertuples()}
+
+
+def cupti_from_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any], measured_targets: Mapping[str, float]
+                         ) -> tuple[float, str]:
+    """What CUPTI adds per kernel: the traced durations the kernel fit used include it, the
+    untraced us/token of ``llamacpp_peer.py`` do not. Over the CUDA-graph traces with an untraced
+    us/token, the residual (untraced - predicted without token overhead) is fitted as ``a + b x
+    kernels per token``; ``-b`` is the per-kernel excess (0 where the traces do not span at least
+    two kernel counts, or where ``b`` is not negative)."""
+    zero = parse_calibration(dict(cal, host_profiles={PROFILE: dict(cal["host_profiles"][PROFILE],
+                                                                     token_overhead_ns=0.0)}), "llama.cpp fit")
+    n, r = [], []
+    for t in traces:
+        if not t.strategy.graphs or t.name not in measured_targets:
+            continue
+        k = t.trace.events
+        k = k[(k["kind"] == "kernel") & (k["token"] >= 0)]
+        n.append(len(k) / max(1, k["token"].nunique()))
+        r.append(measured_targets[t.name] - simulated_us(t, zero)[0])
+    if len(set(np.round(n))) < 2 or len(n) < 3:
+        return 0.0, f"0: fewer than two kernel counts among {len(n)} CUDA-graph traces with untraced us/token"
+    slope, icpt = np.polyfit(n, r, 1)
+    v = max(0.0, -float(slope) * 1e3)
+    return v, (f"{v:.0f} ns: minus the slope of (untraced us/token - predicted) over kernels per token across "
+               f"{len(n)} CUDA-graph traces ({icpt:+.1f} us + {slope * 1e3:+.0f} ns per kernel)")
+
+
+def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float
+                ) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
+    """(ops, families, fitted kernels, unmatched kernels, op report rows, family report rows):
+    fits of ``fixed + scale x roofline`` on the matched kernels of the traces without PDL (all
+    traces if none), less ``cupti_ns`` per kernel."""
+    parts = [matched_kernels(t, base) for t in traces]
+    kern = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
+    unmatched = pd.concat([u for _, u in parts], ignore_index=True)
+    if kern.empty:
+        raise TraceFolderError("no kernel of the traces matched a Plan node; are they llama.cpp decode traces of "
+                               "a workbench preset (meta model/layers/context)?")
+    no_pdl = {t.name for t in traces if not t.strategy.pdl}
+    use = kern[kern["trace"].isin(no_pdl)] if no_pdl else kern
+    use = use.assign(duration_ns=(use["exposed_ns"] - cupti_ns).clip(lower=1.0))
+    what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}; a kernel's time on "
+            f"its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
+    by_key, rep_key = fit_groups(use, "key", "op", MIN_OP_KERNELS, min_fixed, what)
+    by_op, rep_op = fit_groups(use, "op", "op", MIN_OP_KERNELS, min_fixed, what)
+    by_fam, rep_fam = fit_groups(use, "family", "family", MIN_OP_KERNELS, min_fixed, what)
+    # one kernel per op: its op/kernel entry says nothing the op's does not
+    single = {op for op, g in use.groupby("op") if g["kernel"].nunique() == 1}
+    ops = {**{k: v for k, v in by_key.items() if k.split("/", 1)[0] not in single}, **by_op}
+    rep_key = [r for r in rep_key if r["op"] in ops]
+    return ops, by_fam, use, unmatched, [*rep_key, *rep_op], rep_fam
+
+
+def _api_table(t: LlamaCppTrace) -> pd.DataFrame:
+    ev = t.trace.events
+    return ev[ev["kind"].isin(["api", "sync"]) & (ev["token"] >= 0)]
+
+
+def host_costs(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
+    """{host field: (ns, source)} of what the traces show."""
+    out: dict[str, tuple[float, str]] = {}
+    api = pd.concat([_api_table(t).assign(trace=t.name) for t in traces], ignore_index=True)
+    api = api.assign(dur=api["end_ns"] - api["start_ns"])
+    for name, fld in API_FIELDS.items():
+        d = api.loc[api["name"] == name, "dur"]
+        if len(d):
+            out[fld] = (float(d.median()), f"median duration of {len(d)} {name} calls in llama.cpp's CUPTI "
+                                           "timelines (traced: CUPTI's API callbacks included)")
+    idle, wake = [], []
+    for t in traces:
+        ev = t.trace.events
+        dev = ev[ev["kind"].isin(["kernel", "memcpy"])]
+        for s in _api_table(t).query("kind == 'sync'").itertuples():
+            d = dev[(dev["stream"] == s.stream) & (dev["start_ns"] < s.end_ns)]
+            last = float(d["end_ns"].max()) if len(d) else -np.inf
+            if last <= s.start_ns:
+                idle.append(s.end_ns - s.start_ns)
+            elif last <= s.end_ns:
+                wake.append(s.end_ns - last)
+    if idle:
+        out["stream_sync_ns"] = (float(np.median(idle)), f"median of {len(idle)} cudaStreamSynchronize calls that "
+                                                         "found their stream idle (llama.cpp's CUPTI timelines)")
+    if wake:
+        out["sync_wakeup_ns"] = (float(np.median(wake)), f"median of {len(wake)} waiting cudaStreamSynchronize calls: "
+                                                         "last device work on the stream to the call's return")
+    over = []
+    for t in traces:
+        if not t.strategy.graphs:
+            continue
+        ev = t.trace.events
+        for _, g in ev[ev["token"] >= 0].groupby("token"):
+            mk = g[g["kind"] == "marker"]
+            calls = g[g["kind"].isin(["api", "sync"])]
+            if len(mk) and len(calls):  # the marker outlasts the token's last call by the tracer's own work
+                span = calls["end_ns"].max() - mk["start_ns"].min()
+                over.append(float(span - (calls["end_ns"] - calls["start_ns"]).sum()))
+    if over:
+        out["token_overhead_ns"] = (max(0.0, float(np.median(over))),
+                                    f"median over {len(over)} tokens under CUDA graphs of the token's span (its "
+                                    "marker's start to its last CUDA call's return) less its CUDA API calls "
+                                    "(llama_decode's host work outside CUDA)")
+    return out
+
+
+def device_gaps(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
+    """{device field: (ns, source)}: graph kernel-to-kernel gap (no PDL) and graph launch latency."""
+    gaps, lat = [], []
+    for t in traces:
+        if not t.strategy.graphs:
+            continue
+        ev = t.trace.events
+        for _, g in ev[ev["token"] >= 0].groupby("token"):
+            k = g[g["kind"] == "kernel"].sort_values("start_ns")
+            launch = g[g["name"] == "cudaGraphLaunch"]
+            if len(launch) and len(k):
+                lat.append(float(k["start_ns"].iloc[0] - launch["end_ns"].iloc[0]))
+            if t.strategy.pdl:
+                continue
+            for _, ks in k.groupby("stream"):
+                d = ks["start_ns"].to_numpy()[1:] - ks["end_ns"].to_numpy()[:-1]
+                gaps.extend(float(x) for x in d if 0 <= x < 20_000)
+    out = {}
+    if gaps:
+        out["dependency_gap_ns"] = (float(np.median(gaps)), f"median of {len(gaps)} gaps between stream-ordered "
+                                                            "kernels of llama.cpp's CUDA graphs without PDL")
+    lat = [x for x in lat if x >= 0]
+    if lat:
+        out["graph_launch_latency_ns"] = (float(np.median(lat)), f"median over {len(lat)} tokens of cudaGraphLaunch's "
+                                                                 "return to the graph's first kernel (llama.cpp)")
+    return out
+
+
+def prelaunch_us(t: LlamaCppTrace) -> float:
+    """A graph token's host time up to its graph launch's return (marker start to the end of
+    ``cudaGraphLaunch``), median over its tokens."""
+    ev = t.trace.events
+    spans = []
+    for _, g in ev[ev["token"] >= 0].groupby("token"):
+        mk, gl = g[g["kind"] == "marker"], g[g["name"] == "cudaGraphLaunch"]
+        if len(mk) and len(gl):
+            spans.append(float(gl["end_ns"].max() - mk["start_ns"].min()) / 1e3)
+    return nan_median(spans)
+
+
+def graph_stream_cost(traces: list[LlamaCppTrace]) -> tuple[float, str] | None:
+    """``graph_stream_ns``: over pairs of graph traces of one model that differ only in Q/K/V
+    streams (GGML_CUDA_GRAPH_OPT), the extra host time up to the graph launch's return per
+    stream the multi-stream Plan adds; None without such a pair."""
+    from dataclasses import replace
+
+    single = {(t.model, t.layers, t.strategy): t for t in traces
+              if t.strategy.graphs and t.strategy.streams == "single"}
+    per = []
+    for t in traces:
+        a = single.get((t.model, t.layers, replace(t.strategy, streams="single")))
+        if a is None or t.strategy.streams == "single" or not t.strategy.graphs:
+            continue
+        cfg = t.config()
+        extra = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos)).n_streams - 1
+        d = prelaunch_us(t) - prelaunch_us(a)
+        if extra > 0 and d == d:
+            per.append(max(0.0, d * 1e3 / extra))
+    if not per:
+        return None
+    return float(np.median(per)), (f"median over {len(per)} pairs of CUDA-graph traces without / with "
+                                   "GGML_CUDA_GRAPH_OPT of the extra host time up to cudaGraphLaunch's return per "
+                                   "stream the Plan adds (llama.cpp reorders and forks the graph every token)")
+
+
+def token_span_us(t: LlamaCppTrace) -> float:
+    """A traced token's time inside llama_decode, median over its tokens: its marker's start to
+    the return of its last CUDA call (the marker outlasts it by the tracer's own work, and the
+    run's us/token by CUPTI's buffer handling between tokens)."""
+    ev = t.trace.events
+    spans = []
+    for _, g in ev[ev["token"] >= 0].groupby("token"):
+        mk, calls = g[g["kind"] == "marker"], g[g["kind"].isin(["api", "sync"])]
+        if len(mk) and len(calls):
+            spans.append(float(calls["end_ns"].max() - mk["start_ns"].min()) / 1e3)
+    return nan_median(spans)
+
+
+def simulated_us(t: LlamaCppTrace, cal: Calibration) -> tuple[float, float]:
+    """(us/token, launches/token) the simulator predicts for the run of trace ``t`` under ``cal``."""
+    from ...api import run
+
+    r = run(t.config(), t.strategy, tokens=max(2, len(t.trace.tokens())), backend="sim", start_pos=t.start_pos,
+            calibration=cal, quiet=True)
+    return float(r.stats["us_per_token"]), float(r.stats["launches_per_token"])
+
+
+def fit_targets(traces: list[LlamaCppTrace], measured: Mapping[tuple[str, int, str], float]
+                ) -> tuple[dict[str, float], set[str]]:
+    """({trace: us/token the simulator should predict for its run}, what they are): the untraced
+    us/token of ``measured`` where it has the run, else the traced token's span."""
+    targets, what = {}, set()
+    for t in traces:
+        us = measured.get((*model_key(t.model, t.layers), t.config_label))
+        what.add("untraced us/token (llamacpp_peer.py)" if us is not None else "traced token spans")
+        target = us if us is not None else token_span_us(t)
+        if target == target:
+            targets[t.name] = target
+    return targets, what
+
+
+def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
+                   measured: Mapping[tuple[str, int, str], float]) -> dict[str, tuple[float, str]]:
+    """The host work the API medians miss, fitted with the simulator in the loop: under CUDA
+    graphs, ``token_overhead_ns`` = median over the traces of (target - predicted with no token
+    overhead); launched one by one, ``launch_ns`` and ``launch_pdl_ns`` grow by the median of
+    what is left per launch. The target is the untraced us/token of ``measured`` where it has
+    the run (what the fidelity report compares), else the traced token's span (``token_span_us``)."""
+    prof = cal["host_profiles"][PROFILE]
+    out: dict[str, tuple[float, str]] = {}
+    targets, what = fit_targets(traces, measured)
+    graph = [t for t in traces if t.strategy.graphs and t.name in targets]
+    if graph:
+        # part of the host's time overlaps the device's work, so the overhead does not add one to
+        # one: a few fixed-point steps of overhead += median residual
+        over = 0.0
+        for _ in range(RESIDUAL_STEPS):
+            trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, token_overhead_ns=over)}),
+                                      "llama.cpp fit")
+            res = float(np.median([targets[t.name] - simulated_us(t, trial)[0] for t in graph]))
+            over = max(0.0, over + res * 1e3)
+            if abs(res) < 0.5:
+                break
+        out["token_overhead_ns"] = (over, f"simulator in the loop: the token overhead at which the median over "
+                                          f"{len(graph)} CUDA-graph traces of ({' / '.join(sorted(what))} - "
+                                          f"predicted) is {res:+.1f} us: llama_decode's host work outside CUDA "
+                                          "calls and what the workbench's host program lacks of llama.cpp's "
+                                          "(its per-input syncs)")
+        prof = dict(prof, token_overhead_ns=over)
+        if over == 0 and res < -0.5:  # predicted slower with no overhead: traced API calls overstate the host
+            traced = prof["graph_launch_ns"]
+            for _ in range(RESIDUAL_STEPS):
+                prof["graph_launch_ns"] = max(0.1 * traced, prof["graph_launch_ns"] + res * 1e3)
+                trial = parse_calibration(dict(cal, host_profiles={PROFILE: prof}), "llama.cpp fit")
+                res = float(np.median([targets[t.name] - simulated_us(t, trial)[0] for t in graph]))
+                if abs(res) < 0.5 or prof["graph_launch_ns"] <= 0.1 * traced:
+                    break
+            out["graph_launch_ns"] = (prof["graph_launch_ns"], f"the median of traced cudaGraphLaunch calls "
+                                      f"({traced:.0f} ns) lowered, with the simulator in the loop, until the "
+                                      f"CUDA-graph traces' median residual is {res:+.1f} us (at least a tenth of "
+                                      "the traced value): CUPTI's graph-launch callbacks inflate the traced call")
+    cur = parse_calibration(dict(cal, host_profiles={PROFILE: prof}), "llama.cpp fit")
+    eager = []
+    for t in traces:
+        if t.strategy.graphs:
+            continue
+        if t.name not in targets:
+            continue
+        pred, launches = simulated_us(t, cur)
+        if launches:
+            eager.append((targets[t.name] - pred) * 1e3 / launches)
+    if eager:
+        extra = float(np.median(eager))
+        for fld in ("launch_ns", "launch_pdl_ns"):
+            v = max(0.0, prof[fld] + extra)
+            out[fld] = (v, f"{fld} median of llama.cpp's traced calls ({prof[fld]:.0f} ns) plus the simulator-in-the-"
+                           f"loop residual per launch over {len(eager)} eager traces ({extra:+.0f} ns: ggml's "
+                           "per-node host work between launches)")
+    return out
+
+
+def pdl_release(traces: list[LlamaCppTrace], cal: dict[str, Any], targets: Mapping[str, float]
+                ) -> tuple[float, str] | None:
+    """``pdl_release_ns`` fitted with the simulator in the loop: CUPTI cannot see when a PDL
+    kernel's ``griddepcontrol.wait`` lets go, but the PDL knob's effect shows what PDL saves.
+    Over pairs of graph traces of one model that differ only in PDL, the grid value whose
+    predicted effects are closest (median absolute difference, points) to the measured ones;
+    None without such a pair."""
+    from dataclasses import replace
+
+    by = {(t.model, t.layers, replace(t.strategy, pdl=False)): t for t in traces if not t.strategy.pdl}
+    pairs = [(by[(t.model, t.layers, replace(t.strategy, pdl=False))], t) for t in traces
+             if t.strategy.pdl and t.strategy.graphs and (t.model, t.layers, replace(t.strategy, pdl=False)) in by]
+    pairs = [(a, b) for a, b in pairs if a.name in targets and b.name in targets]
+    if not pairs:
+        return None
+    measured = [100 * (targets[a.name] / targets[b.name] - 1) for a, b in pairs]
+    best = (np.inf, 0.0)
+    for v in PDL_RELEASE_GRID_NS:
+        trial = parse_calibration(dict(cal, device=dict(cal["device"], pdl_release_ns=v)), "llama.cpp fit")
+        pred = [100 * (simulated_us(a, trial)[0] / simulated_us(b, trial)[0] - 1) for a, b in pairs]
+        err = float(np.median(np.abs(np.subtract(pred, measured))))
+        best = min(best, (err, v))
+    err, v = best
+    return v, (f"simulator in the loop: the value of {list(PDL_RELEASE_GRID_NS)} ns whose predicted PDL effects "
+               f"(graphs without / with PDL, {len(pairs)} model(s)) come closest to llama.cpp's measured ones "
+               f"(median difference {err:.2f} points); CUPTI does not record griddepcontrol.wait's release")
+
+
+def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCppTrace]:
+    """The traces of models not in ``models`` (the held-out ones stay out of the fit)."""
+    held = set(models)
+    return [t for t in traces if t.model not in held]
+
+
+def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal: Calibration, base: dict[str, Any],
+                     cupti: float) -> tuple[pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
+    """Write the kernel fits into ``cal`` (ops and families; the base's ops llama.cpp's traces
+    lack stay, its op/kernel fits of the cuda executor's kernels go)."""
+    min_fixed = base_cal.pdl_prologue_ns + base_cal.pdl_first_read_setup_ns
+    ops, fams, used, unmatched, op_rep, fam_rep = kernel_fits(traces, base_cal, cupti, min_fixed)
+    src = cal["sources"]
+    cal["ops"] = copy.deepcopy(base.get("ops", {}))
+    cal["families"] = copy.deepcopy(base.get("families", {}))
+    fitted_ops = {o.split("/")[0] for o in ops}
+    for k in [k for k in cal["ops"] if "/" in k or k.split("/", 1)[0] in fitted_ops]:
+        del cal["ops"][k]
+        for f in ("fixed_ns", "work_scale"):
+            src.pop(f"ops.{k}.{f}", None)
+    for section, fits in (("ops", ops), ("families", fams)):
+        for name, (vals, how) in fits.items():
+            cal[section][name] = vals
+            for f in vals:
+                src[f"{section}.{name}.{f}"] = how
+    return used, unmatched, op_rep, fam_rep
+
+
+def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
+        measured: Mapping[tuple[str, int, str], float] | None = None,
+        log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """The llama.cpp calibration dict from ``traces`` on top of ``base`` (a cuda calibration
+    dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack)."""
+    if not traces:
+        raise TraceFolderError("no trace left to fit (every trace held out?)")
+    measured = measured or {}
+    base_cal = parse_calibration(base, "base calibration")
+    cal = copy.deepcopy(base)
+    base_name = f"{base.get('gpu', '?')} base calibration"
+    src = {k: f"from the {base_name} (not observable in llama.cpp's timelines): {v}"  # inherited numbers say so
+           for k, v in base["sources"].items() if not k.startswith("host_profiles.")}
+    cal["sources"] = src
+    prof = dict(cal["host_profiles"].get(PROFILE) or cal["host_profiles"][cal["default_host_profile"]])
+    was = PROFILE if PROFILE in base["host_profiles"] else base["default_host_profile"]
+    for fld in prof:
+        src[f"host_profiles.{PROFILE}.{fld}"] = (f"from the {base_name}'s {was} profile: "
+                                                 f"{base['sources'].get(f'host_profiles.{was}.{fld}', '')}")
+    fork = graph_stream_cost(traces)
+    for fld, (v, how) in {**host_costs(traces), **({"graph_stream_ns": fork} if fork else {})}.items():
+        prof[fld] = round(v, 1)
+        src[f"host_profiles.{PROFILE}.{fld}"] = how
+    cal["host_profiles"] = {PROFILE: prof}
+    cal["default_host_profile"] = PROFILE
+    cal["executor"] = "llamacpp"
+    for fld, (v, how) in device_gaps(traces).items():
+        cal["device"][fld] = round(v, 1)
+        src[f"device.{fld}"] = how
+    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, 0.0)
+    targets, _ = fit_targets(traces, measured)
+    untraced = {t.name: targets[t.name] for t in traces
+                if (*model_key(t.model, t.layers), t.config_label) in measured}
+    cupti, cupti_how = cupti_from_residuals(traces, cal, untraced) if untraced else (0.0, "0: no untraced us/token")
+    if cupti > 0:
+        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti)
+    for fld, (v, how) in host_residuals(traces, cal, measured).items():
+        prof[fld] = round(v, 1)
+        src[f"host_profiles.{PROFILE}.{fld}"] = how
+    pdl = pdl_release(traces, cal, targets)
+    if pdl is not None:
+        cal["device"]["pdl_release_ns"], src["device.pdl_release_ns"] = pdl
+    cal["name"] = f"{base.get('name', base.get('gpu'))}, llama.cpp"
+    models = sorted({t.model for t in traces})
+    per_tok = unmatched.groupby(["trace", "family"]).agg(ns=("exposed_ns", "sum"), tokens=("token", "nunique"))
+    cal["measured"] = {
+        "target": "llamacpp", "traces": [t.name for t in traces], "models": models, "cupti_kernel_ns": cupti,
+        "cupti_kernel_how": cupti_how, "kernels_fitted": int(len(used)), "op_fits": op_rep, "family_fits": fam_rep,
+        "unmatched": [{"trace": tr, "family": fam, "exposed_ns_per_token": round(float(r.ns / r.tokens))}
+                      for (tr, fam), r in per_tok.iterrows()],
+    }
+    try:
+        parse_calibration(cal, "fitted llama.cpp calibration")
+    except CalibrationError as e:  # a bug of this fit, not of the user's input
+        raise RuntimeError(f"the llama.cpp fit wrote an unusable calibration: {e}") from e
+    log(f"llama.cpp fit: {len(traces)} traces of {', '.join(models)}; {len(used)} kernels fitted, "
+        f"{len(cal['ops'])} ops (or op/kernel pairs), {len(cal['families'])} families; CUPTI per kernel {cupti_how}")
+    return cal
+
+
+def fit_folder(folder: Path, base: dict[str, Any], measured_path: Path | None = None,
+               held_out: Iterable[str] = (), log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+    """``fit`` of the traces in ``folder`` less the ``held_out`` models."""
+    traces = hold_out(read_traces(folder), held_out)
+    return fit(traces, base, read_measured(measured_path), log)

@@ -1,0 +1,183 @@
+"""CUPTI timelines of llama.cpp, read back and lined up with the Plans the simulator runs.
+
+A trace recorded through the ``llamacpp`` backend with ``trace`` (``benchmarks/
+llamacpp_capture.py``) names each kernel by the ggml op it computes (``op``, ``+``-joined for a
+fusion) and carries in its meta the model, layers, context, first position and Strategy it
+ran. Its kernels carry no Plan node, so they are matched to the nodes of the Plan of llama.cpp's
+schedule (``llamacpp_strategy``) per token and per kernel family, in launch order: where a token
+has as many kernels of a family as the Plan has nodes, the i-th kernel is the i-th node; where
+not (llama.cpp runs a kernel the workbench graph has not, e.g. the ``inp_out_ids`` row
+selection), the family is left unmatched in that token and its kernel time reported.
+Helper kernels (flash attention's combine pass) belong to the kernel before them.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from ...models import preset
+from ...strategy import Strategy
+from ...strategy.steps import plan_for
+from ...trace import Trace
+from ..calibration import Calibration
+from ..cost import kernel_cost, kernel_name
+from .llamacpp_schedule import llamacpp_strategy
+
+#: trace file suffixes read from a folder
+TRACE_SUFFIXES = (".parquet", ".json.gz", ".json")
+#: kernels that finish the node of the kernel launched before them (a second pass of one ggml op)
+HELPER_KERNELS = frozenset({"flash_attn_combine_results", "flash_attn_stream_k_fixup_general",
+                            "flash_attn_stream_k_fixup_uniform"})
+
+
+class TraceFolderError(ValueError):
+    """A trace folder the llama.cpp fit cannot use; the message names the file and the fix."""
+
+
+@dataclass(frozen=True)
+class LlamaCppTrace:
+    """One recorded run: its file, events, model spec and the Strategy llama.cpp ran."""
+
+    path: Path
+    trace: Trace
+    model: str
+    layers: int | None
+    context: int
+    start_pos: int
+    strategy: Strategy
+
+    @property
+    def name(self) -> str:
+        return next(self.path.name[:-len(s)] for s in TRACE_SUFFIXES if self.path.name.endswith(s))
+
+    @property
+    def config_label(self) -> str:
+        """The capture's config name: the meta's, else the ``<config>`` of a file named
+        ``<model>-L<layers>_<config>``, else the file's stem."""
+        m = re.search(r"-L\d+_(.+)$", self.name)
+        return str(self.trace.meta.get("config") or (m.group(1) if m else self.name))
+
+    def config(self):
+        return preset(self.model, layers=self.layers, context=self.context)
+
+
+def trace_files(folder: Path) -> list[Path]:
+    """The trace files of ``folder`` (sorted), or a clear error when there are none."""
+    folder = Path(folder)
+    if not folder.is_dir():
+        raise TraceFolderError(f"trace folder {folder} does not exist; record one with "
+                               "benchmarks/llamacpp_capture.py --out-dir DIR (GPU)")
+    files = sorted(p for p in folder.iterdir() if p.name.endswith(TRACE_SUFFIXES))
+    if not files:
+        raise TraceFolderError(f"trace folder {folder} holds no trace ({', '.join(TRACE_SUFFIXES)}); record "
+                               "them with benchmarks/llamacpp_capture.py --out-dir DIR on the GPU")
+    return files
+
+
+def strategy_of(meta: dict, origin: str) -> Strategy:
+    """The Strategy a trace's meta says it ran (``strategy_knobs``)."""
+    knobs = meta.get("strategy_knobs")
+    if not isinstance(knobs, dict):
+        raise TraceFolderError(f"{origin}: meta has no strategy_knobs; it was not recorded through the llamacpp "
+                               "backend with trace=True (benchmarks/llamacpp_capture.py)")
+    knobs = dict(knobs)  # as Strategy.to_dict writes them: lists for the sets
+    knobs["fusion"] = frozenset(knobs.get("fusion") or ())
+    knobs["pdl_families"] = frozenset(tuple(x) if isinstance(x, list) else x for x in knobs.get("pdl_families") or ())
+    try:
+        return Strategy(**knobs)
+    except (TypeError, ValueError) as e:
+        raise TraceFolderError(f"{origin}: strategy_knobs {knobs} is not a Strategy ({e})") from None
+
+
+def read_traces(folder: Path) -> list[LlamaCppTrace]:
+    """Every llama.cpp trace of ``folder``; a file of another backend is a clear error."""
+    from ...trace.io import load_trace
+
+    out = []
+    for p in trace_files(folder):
+        tr = load_trace(p)
+        m = tr.meta
+        if m.get("backend") != "llamacpp":
+            raise TraceFolderError(f"{p}: a trace of backend {m.get('backend')!r}, not llamacpp; the llama.cpp fit "
+                                   "reads only traces recorded through the llamacpp backend")
+        cols = [c for c in ("op", "family") if c not in tr.events.columns]
+        if cols:
+            raise TraceFolderError(f"{p}: events lack the {cols} column(s) the llamacpp backend writes (each kernel's "
+                                   "ggml op and family); re-record it with benchmarks/llamacpp_capture.py")
+        missing = [k for k in ("model", "context", "start_pos") if k not in m]
+        if missing:
+            raise TraceFolderError(f"{p}: meta lacks {missing}; re-record it with benchmarks/llamacpp_capture.py")
+        out.append(LlamaCppTrace(p, tr, str(m["model"]), m.get("layers"), int(m["context"]), int(m["start_pos"]),
+                                 strategy_of(m, str(p))))
+    return out
+
+
+def _kernel_groups(k: pd.DataFrame) -> pd.DataFrame:
+    """One row per node-sized kernel group of one token: helpers merged into the kernel before
+    them on their stream; ``exposed_ns``: from the later of the group's start and the end of the
+    previous group on its stream to the group's end (what it adds to the stream's timeline: a
+    PDL kernel's early start waiting on its predecessor does not count)."""
+    from ...trace.cupti_names import kernel_base_name
+
+    rows = []
+    for stream, g in k.sort_values("start_ns").groupby("stream", sort=False):
+        prev_end = -np.inf
+        cur: dict | None = None
+        for r in g.itertuples():
+            if cur is not None and kernel_base_name(r.name) in HELPER_KERNELS:
+                cur["end_ns"] = max(cur["end_ns"], r.end_ns)
+                continue
+            if cur is not None:
+                rows.append(cur)
+                prev_end = max(prev_end, cur["end_ns"])
+            cur = {"stream": stream, "op": r.op, "family": r.family, "start_ns": r.start_ns, "end_ns": r.end_ns,
+                   "prev_end": prev_end}
+        if cur is not None:
+            rows.append(cur)
+    df = pd.DataFrame(rows, columns=["stream", "op", "family", "start_ns", "end_ns", "prev_end"])
+    df["exposed_ns"] = df["end_ns"] - np.maximum(df["start_ns"], df["prev_end"])
+    return df.sort_values("start_ns").reset_index(drop=True)
+
+
+def device_calibration(cal: Calibration) -> Calibration:
+    """``cal`` without measured kernel corrections: the plain roofline the fit scales."""
+    return replace(cal, ops={}, families={})
+
+
+def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(matched, unmatched) kernels of one trace. Matched: one row per token and Plan node with
+    its op, family, llama.cpp kernel name (``cost.kernel_name``: the key of the fit), measured
+    ``duration_ns`` (first start to last end of the node's kernels) and ``exposed_ns``, and its
+    ``roofline_ns`` on ``cal``'s device (alone, at its cap). Unmatched: per token and family,
+    the kernels no node took and their exposed time."""
+    cfg = t.config()
+    strategy = llamacpp_strategy(t.strategy)
+    dev = device_calibration(cal)
+    ev = t.trace.events
+    kern = ev[(ev["kind"] == "kernel") & (ev["token"] >= 0)]
+    matched, unmatched = [], []
+    for token, k in kern.groupby("token"):
+        plan = plan_for(cfg, strategy, cfg.kv_len(t.start_pos + int(token)))
+        nodes = [la.node for la in plan.launches]
+        groups = _kernel_groups(k)
+        for fam, g in groups.groupby("family", sort=False):
+            fam_nodes = [n for n in nodes if n.family == fam]
+            if len(fam_nodes) != len(g):
+                unmatched.append({"trace": t.name, "token": int(token), "family": fam, "kernels": len(g),
+                                  "nodes": len(fam_nodes), "exposed_ns": float(g["exposed_ns"].sum())})
+                continue
+            for node, r in zip(fam_nodes, g.itertuples()):
+                c = kernel_cost(node, dev)
+                matched.append({"trace": t.name, "model": t.model, "token": int(token), "node": node.name,
+                                "op": node.op, "family": fam, "kernel": kernel_name(node),
+                                "key": f"{node.op}/{kernel_name(node)}", "trace_op": r.op,
+                                "duration_ns": float(r.end_ns - r.start_ns), "exposed_ns": float(r.exposed_ns),
+                                "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0})
+    return pd.DataFrame(matched), pd.DataFrame(unmatched, columns=["trace", "token", "family", "kernels", "nodes",
+                                                                   "exposed_ns"])
+
