@@ -41,9 +41,8 @@ VECTOR_DTYPES = {"f16": 8, "bf16": 8, "f32": 4}
 #: mat-vec op -> (its norm-folded op, the source slot of the activation)
 NORM_FOLDED = {"MUL_MAT": ("RMS_NORM_MUL_MAT", 1), "MUL_MAT_GLU": ("RMS_NORM_MUL_MAT_GLU", 2),
                "QKV_ROPE_SET_ROWS": ("QKV_ROPE_SET_ROWS", 3)}
-#: sources of QKV_ROPE_SET_ROWS before the optional ones: (wq, wk, wv, x, pos, freqs, idx), then
-#: (bq, bk, bv) with params ``bias``, then the norm weight with params ``eps`` (always last)
-QKV_SRCS = 7
+#: QKV_ROPE_SET_ROWS's sources: (wq, wk, wv, x, pos, freqs, idx), then (bq, bk, bv) with params
+#: ``bias``, then the norm weight with params ``eps`` (always last, as in every norm-folded op)
 #: the projections qkv-rope-store takes: a plain mat-vec, or one with its bias added (mul-mat-add)
 QKV_MAT_VECS = ("MUL_MAT", "MUL_MAT_ADD")
 
