@@ -58,8 +58,9 @@ def vector_rows(w: View) -> bool:
 
 
 def one_row(x: View, k: int) -> bool:
-    """``x`` is one f32 activation row of ``k`` contiguous elements."""
-    return x.dtype == "f32" and x.numel == k and x.is_contiguous
+    """``x`` is one f32 row of ``k`` contiguous elements that the kernels load as float4 (16-byte
+    aligned in its buffer; buffers are placed at 128-byte boundaries)."""
+    return x.dtype == "f32" and x.numel == k and x.is_contiguous and x.offset % 16 == 0
 
 
 # ---------------------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
         if normed.buffer.kind != "act" or normed.buffer.name in outputs or absorbed[-1] in replace:
             continue
         k = x.shape[-1] if x.shape else 0
-        if not one_row(x, k) or k > FUSED_MAX_K or w.numel != k or w.dtype != "f32" or not w.is_contiguous:
+        if not one_row(x, k) or k > FUSED_MAX_K or not one_row(w, k):
             continue
         readers = readers_of(nodes, index, normed, absorbed[-1])
         if not readers or any(r in replace for r in readers):
