@@ -73,7 +73,8 @@ __device__ __forceinline__ void fmv_norm(TV d, TV w, TV wu, TV x, TV nw, float e
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int VEC = WDT == DT_F32 ? 4 : 8;
-    __shared__ __align__(16) float xs[FMV_MAXK];
+    __shared__ f32x4 xs4[FMV_MAXK / 4];  // the staged row, 16-byte aligned (f32x4 is alignas(16))
+    float* xs = (float*)xs4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % splits;
     const int R = MMV_WARPS / splits, stride = gridDim.x * R;
     const int N = tv_rows(w), K = w.n[3], nvec = K / VEC, step = 32 * splits, v = part * 32 + lane;
@@ -135,7 +136,8 @@ template <int WDT>
 __device__ __forceinline__ void fmv_rows_norm(TV d, TV w, TV x, TV nw, float eps, int rows_per_warp) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    __shared__ __align__(16) float xs[FMV_MAXK];
+    __shared__ f32x4 xs4[FMV_MAXK / 4];  // the staged row, 16-byte aligned (f32x4 is alignas(16))
+    float* xs = (float*)xs4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     RowStream<WDT, MMV_ROWS_UNROLL> rs(w, blockIdx.x * MMV_WARPS + warp, gridDim.x * MMV_WARPS, rows_per_warp, lane);
     rs.issue_first();  // weights: independent of earlier kernels
@@ -211,7 +213,8 @@ __device__ __forceinline__ void fmv_qkv(TV q, TV kc, TV vc, TV wq, TV wk, TV wv,
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int VEC = WDT == DT_F32 ? 4 : 8;
-    __shared__ __align__(16) float xs[FMV_MAXK];
+    __shared__ f32x4 xs4[FMV_MAXK / 4];  // the staged row, 16-byte aligned (f32x4 is alignas(16))
+    float* xs = (float*)xs4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, part = warp % splits;
     const int hd = q.n[3], hq = tv_rows(wq) / hd, hk = tv_rows(wk) / hd, hv = tv_rows(wv) / hd;
     const int P = (hq + hk + hv) * (hd / 2);
