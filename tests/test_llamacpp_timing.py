@@ -215,3 +215,21 @@ def backend_over_llama_bench(exe: str, model: str, *, threads: int, gpu_layers: 
                                     gpu_layers=gpu_layers, timeout_s=300)
         ratios.append(float(np.median([x / n for x in r.meta["rep_us"]]) / np.median(theirs)))
     return ratios
+
+
+def test_backend_fill_option_writes_a_tiled_preset_and_names_a_bad_fill(llamacpp_lib, tmp_path, monkeypatch):
+    """``fill="tiled"`` (what the calibration captures use) writes and runs the preset's tiled
+    GGUF; an unknown fill is an error naming the choices."""
+    import workbench
+    import workbench.models.gguf_write as gw
+    from workbench.exec.backend import BackendError
+
+    monkeypatch.setattr(gw, "EXACT_ELEMS", 4096)
+    monkeypatch.setattr(gw, "POOL_ELEMS", 1024)
+    monkeypatch.setenv("WORKBENCH_CACHE", str(tmp_path))
+    run = workbench.run("llama-tiny", tokens=[3, 1, 4], backend="llamacpp", build=llamacpp_lib, threads=2,
+                        fill="tiled", logits=False, quiet=True)
+    assert run.logits is None and run.stats["us_per_token"] > 0
+    assert [p.name for p in tmp_path.rglob("*.gguf") if "-tiled-" in p.name]
+    with pytest.raises((BackendError, gw.GGUFWriteError), match="--fill 'bogus' is not supported"):
+        workbench.run("llama-tiny", tokens=[3], backend="llamacpp", build=llamacpp_lib, fill="bogus", quiet=True)
