@@ -214,21 +214,27 @@ LLAMACPP_FAMILIES = {"llama-3.2-1b": "llama", "llama-3.1-8b": "llama", "qwen3-30
 
 def predict_llamacpp(measured: pd.DataFrame, cal, held_out: set[str], tokens: int, start_pos: int,
                      context: int) -> pd.DataFrame:
-    """The peer benchmark's cells predicted by the simulator under ``cal`` (a llama.cpp calibration)."""
+    """The peer benchmark's cells predicted by the simulator under ``cal`` (a llama.cpp
+    calibration), each in its record's decode window (context, start position, tokens; the
+    arguments where a record lacks them). A cell off the default window is its own row
+    (``<model> (<n> layers) @ <start>``), so knob effects pair cells of one window."""
     from llamacpp_peer import CONFIGS
 
     import workbench
     from workbench.models import preset
 
     df = measured[measured["config"].isin(list(CONFIGS))].copy()
+    for col, default in (("context", context), ("start_pos", start_pos), ("tokens", tokens)):
+        df[col] = [int(v) if v > 0 else default for v in df[col]]
     df["family"] = df["model"].map(LLAMACPP_FAMILIES).fillna(df["model"])
     df["held_out"] = df["model"].isin(held_out)
-    df["label"] = [f"{m} ({n} layers)" for m, n in zip(df["model"], df["layers"])]
+    df["label"] = [f"{m} ({n} layers)" + ("" if (c, s) == (context, start_pos) else f" @ {s}")
+                   for m, n, c, s in zip(df["model"], df["layers"], df["context"], df["start_pos"])]
     df["strategy"] = df["config"]
     pred = []
     for r in df.itertuples():
-        cfg = preset(r.model, layers=int(r.layers), context=context)
-        run = workbench.run(cfg, CONFIGS[r.config][0], tokens=tokens, backend="sim", start_pos=start_pos,
+        cfg = preset(r.model, layers=int(r.layers), context=int(r.context))
+        run = workbench.run(cfg, CONFIGS[r.config][0], tokens=int(r.tokens), backend="sim", start_pos=int(r.start_pos),
                             calibration=cal, quiet=True)
         pred.append(run.stats["us_per_token"])
     df["predicted_us"] = pred
