@@ -274,7 +274,9 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
     sm = summary(df, kn)
     df["pass"] = df["error_pct"].abs() <= 10
     kn["pass"] = kn["diff_pp"].abs() <= 2
-    stem = f"sim_fidelity_llamacpp_{gpu}"
+    # the committed report holds out the default; another hold-out writes beside it
+    stem = f"sim_fidelity_llamacpp_{gpu}" + ("" if held_out == {"gpt-oss-20b"} else
+                                             "_holdout_" + "_".join(sorted(held_out)) if held_out else "_in_sample")
     out_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_dir / f"{stem}.csv", index=False)
     kn.to_csv(out_dir / f"{stem}_knobs.csv", index=False)
@@ -300,9 +302,61 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
                  f"\n## {name}: knob effects (%)\n\n",
                  _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp",
                          "pass"])]
+    if traces is not None:
+        ops = op_time_table(traces, cal, held_out)
+        ops.to_csv(out_dir / f"{stem}_op_times.csv", index=False)
+        big = ops[(ops["diff_us"].abs() >= 20) | ((ops["diff_us"].abs() >= 5) & (ops["diff_pct"].abs() >= 25))]
+        text += ["\n## Kernel time per op and token: llama.cpp's captures vs the calibration\n\n",
+                 "Matched kernels of token 1 of each capture of a fitted model (traced durations: a kernel's time "
+                 "on its stream) beside the simulator's kernel cost under the calibration above, summed per op; "
+                 f"rows off by at least 20 us, or 5 us and 25 % (`{stem}_op_times.csv` has all). A family whose "
+                 "kernel count differs from the schedule's is not in it (next section).\n\n",
+                 _md(big, ["trace", "op", "kernels", "captured_us", "predicted_us", "diff_us", "diff_pct"])]
+        counts = kernel_count_table(traces)
+        counts.to_csv(out_dir / f"{stem}_kernel_counts.csv", index=False)
+        diff = counts[counts["captured"] != counts["simulated"]]
+        text += ["\n## Kernels per token: llama.cpp's captures vs the simulated schedule\n\n",
+                 f"Every capture's token 1, per kernel family (`{stem}_kernel_counts.csv` has every family): "
+                 f"{len(diff)} of {len(counts)} (capture, family) pairs differ; those below. The fit leaves a "
+                 "differing family unmatched in that capture (its kernels keep the other captures' or the base "
+                 "calibration's fits), and the simulator runs the workbench's kernels for it.\n\n",
+                 _md(diff, ["trace", "family", "captured", "simulated", "captured_ops", "simulated_ops"])]
     (out_dir / f"{stem}.md").write_text("".join(text))
     print("".join(text))
     return {"rows": df, "knobs": kn, "summary": sm, "calibration": cal}
+
+
+def op_time_table(traces: Path, cal, held_out: set[str]) -> pd.DataFrame:
+    """Per capture of a fitted model and ggml op, token 1's matched kernel time against the
+    simulator's kernel cost under ``cal`` (``llamacpp_traces.matched_kernels``)."""
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_strategy
+    from workbench.exec.calibrate.llamacpp_traces import matched_kernels, read_traces
+    from workbench.exec.cost import kernel_cost
+    from workbench.strategy.steps import plan_for
+
+    rows = []
+    for t in read_traces(traces):
+        if t.model in held_out:
+            continue
+        m, _ = matched_kernels(t, cal)
+        if m.empty:
+            continue
+        m = m[m["token"] == 1]
+        cfg = t.config()
+        plan = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos + 1))
+        pred = {la.node.name: kernel_cost(la.node, cal).duration_ns for la in plan.launches}
+        for op, g in m.groupby("op"):
+            c, p = g["exposed_ns"].sum() / 1e3, sum(pred[n] for n in g["node"]) / 1e3
+            rows.append({"trace": t.name, "op": op, "kernels": len(g), "captured_us": c, "predicted_us": p,
+                         "diff_us": p - c, "diff_pct": 100 * (p / c - 1) if c else np.nan})
+    return pd.DataFrame(rows)
+
+
+def kernel_count_table(traces: Path) -> pd.DataFrame:
+    """``llamacpp_traces.kernel_counts`` of every capture in ``traces``."""
+    from workbench.exec.calibrate.llamacpp_traces import kernel_counts, read_traces
+
+    return pd.concat([kernel_counts(t) for t in read_traces(traces)], ignore_index=True)
 
 
 def _gpu_key(name: str) -> str:
