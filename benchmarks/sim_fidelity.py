@@ -274,9 +274,9 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
     sm = summary(df, kn)
     df["pass"] = df["error_pct"].abs() <= 10
     kn["pass"] = kn["diff_pp"].abs() <= 2
-    # the committed report holds out the default; another hold-out writes beside it
-    stem = f"sim_fidelity_llamacpp_{gpu}" + ("" if held_out == {"gpt-oss-20b"} else
-                                             "_holdout_" + "_".join(sorted(held_out)) if held_out else "_in_sample")
+    # the committed report holds out the default (gpt-oss-20b); another hold-out writes beside it
+    other = held_out and held_out != {"gpt-oss-20b"}
+    stem = f"sim_fidelity_llamacpp_{gpu}" + ("_holdout_" + "_".join(sorted(held_out)) if other else "")
     out_dir.mkdir(parents=True, exist_ok=True)
     df.to_csv(out_dir / f"{stem}.csv", index=False)
     kn.to_csv(out_dir / f"{stem}_knobs.csv", index=False)
@@ -303,6 +303,7 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
                  _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp",
                          "pass"])]
     if traces is not None:
+        text += ["\n## Where the misses come from\n\n", LLAMACPP_CAUSES]
         ops = op_time_table(traces, cal, held_out)
         ops.to_csv(out_dir / f"{stem}_op_times.csv", index=False)
         big = ops[(ops["diff_us"].abs() >= 20) | ((ops["diff_us"].abs() >= 5) & (ops["diff_pct"].abs() >= 25))]
@@ -324,6 +325,35 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
     (out_dir / f"{stem}.md").write_text("".join(text))
     print("".join(text))
     return {"rows": df, "knobs": kn, "summary": sm, "calibration": cal}
+
+
+#: what the two tables below the report's verdicts show, read off the 2026-11-25 H200 captures
+#: (the tables are regenerated with the report; this reading is not)
+LLAMACPP_CAUSES = """\
+Read off the tables below (2026-11-25 H200 captures; the fit's sources are in the calibration file):
+
+* **Host time per token** is a constant of the fit (`token_overhead_ns`: llama_decode's graph build, its
+  seven input copies with their syncs, the CUDA graph's property check), while llama.cpp's grows with
+  the ggml graph: untraced us/token minus the traced device span is about twice as large on
+  llama-3.1-8b (32 layers) as on llama-3.2-1b (16). Under CUPTI, `cudaGraphLaunch` takes 1-2 us per
+  graph node (node-level graph tracing), so the traced launch is not used: the fit takes the base
+  calibration's untraced graph launch, and CUPTI adds no measurable time per kernel to the device
+  span (the fusion pairs).
+* **Mat-vec efficiency per shape**: `MUL_MAT` is one `fixed + scale x roofline` fit, but llama.cpp's
+  mat-vec (a 256-thread block per output row) reaches a lower share of DRAM bandwidth on 2048-wide
+  rows (llama-3.2-1b: the output head and the unfused gate/up run slower than the fit) than on
+  4096-wide ones (llama-3.1-8b: faster). The unfused mat-vecs dominate the fusion knob, so its
+  effect is under-predicted on the 1B and over-predicted on the 8B model.
+* **Kernels llama.cpp runs that the simulated schedule lacks** (last table): on qwen3-next its
+  CONCAT / CPY / REPEAT kernels (the GDN conv state and head repeats) and extra GET_ROWS, on the MoE
+  models a separate GLU after unfused MoE gate / up mat-vecs (no MUL_MAT_ID_GLU), RMS_NORM+MUL+ROPE
+  and MUL+SUM_ROWS fusions the workbench has not, on gpt-oss unfused ROPE / SET_ROWS and
+  ARGSORT_TOP_K / SOFT_MAX (no rope-set-rows or topk-moe). These families stay unmatched in the fit
+  (their kernels get the base calibration's fits) and the simulator runs the workbench's kernels for
+  them: qwen3-next and gpt-oss are predicted fast.
+* **FLASH_ATTN_EXT** is one fit over head layouts that differ (llama's 32 heads, qwen3-next's 16):
+  too slow on llama, too fast on qwen3-next.
+"""
 
 
 def op_time_table(traces: Path, cal, held_out: set[str]) -> pd.DataFrame:
