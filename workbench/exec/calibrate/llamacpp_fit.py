@@ -54,18 +54,23 @@ PROFILE = "llama.cpp"
 RESIDUAL_STEPS = 4
 #: the values ``pdl_release`` tries (ns; 0: the wait lets go as the predecessor completes)
 PDL_RELEASE_GRID_NS = (0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0)
+#: the values ``graph_stream_ns`` tries with untraced GRAPH_OPT pairs (ns per extra stream)
+GRAPH_STREAM_GRID_NS = (0.0, 2000.0, 5000.0, 10000.0, 15000.0, 20000.0, 30000.0, 40000.0, 60000.0)
 #: CUDA API name -> host cost field it measures
-API_FIELDS = {"cudaGraphLaunch": "graph_launch_ns", "cudaLaunchKernel": "launch_ns",
+#: (cudaGraphLaunch is not among them: CUPTI's node-level graph tracing makes a traced graph
+#: launch cost 1-2 us per node, ``untraced_graph_launch``)
+API_FIELDS = {"cudaLaunchKernel": "launch_ns",
               "cudaLaunchKernelExC": "launch_pdl_ns", "cudaMemcpyAsync": "memcpy_async_ns",
               "cudaEventRecord": "event_record_ns", "cudaStreamWaitEvent": "stream_wait_event_ns"}
 
 
 def model_key(model: str, layers: int | None = None) -> tuple[str, int]:
     """(preset, layers) of a model, ``llamacpp_peer.py``'s labels included (``qwen3-30b-a3b (8
-    layers)``; no count: all the preset's layers)."""
+    layers)``, ``gpt-oss-20b (8 layers) @ 32736``: the start position a long-context row adds is
+    the record's ``start_pos``; no count: all the preset's layers)."""
     from ...models import preset
 
-    name, _, rest = model.partition(" (")
+    name, _, rest = model.split(" @ ", 1)[0].partition(" (")
     if rest.endswith(" layers)"):
         layers = int(rest.split()[0])
     return name, int(layers or preset(name).n_layer)
@@ -73,9 +78,11 @@ def model_key(model: str, layers: int | None = None) -> tuple[str, int]:
 
 def measured_table(path: Path) -> pd.DataFrame:
     """Untraced llama.cpp us/token from ``llamacpp_peer.py --jsonl`` records, one row per
-    (preset, layers, config): the median and min..max of every repetition of the ``llamacpp``
-    tool's records (``llama-bench``'s where the backend has none), and which tool it is."""
-    per: dict[tuple[str, str, int, str], list[float]] = {}
+    (preset, layers, config, context, start position, tokens): the median and min..max of every
+    repetition of the ``llamacpp`` tool's records (``llama-bench``'s where the backend has none),
+    and which tool it is. Context, start position and tokens are the records' (-1 where an older
+    record lacks them: the run's defaults)."""
+    per: dict[tuple, list[float]] = {}
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
@@ -83,22 +90,27 @@ def measured_table(path: Path) -> pd.DataFrame:
         if r.get("tool") not in ("llamacpp", "llama-bench") or r.get("us") is None:
             continue
         us = r["us"] if isinstance(r["us"], list) else [r["us"]]
-        per.setdefault((r["tool"], *model_key(str(r["model"])), str(r["config"])), []).extend(map(float, us))
+        window = tuple(int(r.get(k) if r.get(k) is not None else -1) for k in ("context", "start_pos", "tokens"))
+        per.setdefault((r["tool"], *model_key(str(r["model"])), str(r["config"]), *window), []).extend(map(float, us))
     rows = {}
-    for (tool, model, layers, config), us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
+    for (tool, model, layers, config, *window), us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
         if us:  # llamacpp rows come last and replace llama-bench's
-            rows[(model, layers, config)] = {"model": model, "layers": layers, "config": config, "tool": tool,
-                                             "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
-                                             "us_max": float(np.max(us))}
-    return pd.DataFrame(list(rows.values()), columns=["model", "layers", "config", "tool", "us_per_token", "us_min",
-                                                      "us_max"])
+            rows[(model, layers, config, *window)] = {
+                "model": model, "layers": layers, "config": config, "context": window[0], "start_pos": window[1],
+                "tokens": window[2], "tool": tool, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
+                "us_max": float(np.max(us))}
+    return pd.DataFrame(list(rows.values()), columns=["model", "layers", "config", "context", "start_pos", "tokens",
+                                                      "tool", "us_per_token", "us_min", "us_max"])
 
 
-def read_measured(path: Path | None) -> dict[tuple[str, int, str], float]:
-    """Median untraced us/token by (preset, layers, config) (``measured_table``); {} without a file."""
+def read_measured(path: Path | None, context: int | None = None) -> dict[tuple[str, int, str], float]:
+    """Median untraced us/token by (preset, layers, config) (``measured_table``) of the runs in a
+    ``context``-row context (records without one count as any); {} without a file."""
     if path is None:
         return {}
     t = measured_table(path)
+    if context is not None:
+        t = t[t["context"].isin([-1, context])]
     return {(r.model, int(r.layers), r.config): r.us_per_token for r in t.itertuples()}
 
 
@@ -125,6 +137,46 @@ def cupti_from_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any], measu
     v = max(0.0, -float(slope) * 1e3)
     return v, (f"{v:.0f} ns: minus the slope of (untraced us/token - predicted) over kernels per token across "
                f"{len(n)} CUDA-graph traces ({icpt:+.1f} us + {slope * 1e3:+.0f} ns per kernel)")
+
+
+def kernel_span_us(t: LlamaCppTrace) -> float:
+    """A traced token's device span (first kernel's start to last kernel's end), median over tokens."""
+    k = t.trace.events
+    k = k[(k["kind"] == "kernel") & (k["token"] >= 0)]
+    return nan_median([(g["end_ns"].max() - g["start_ns"].min()) / 1e3 for _, g in k.groupby("token")])
+
+
+def cupti_from_fusion_pairs(traces: list[LlamaCppTrace], measured_targets: Mapping[str, float]
+                            ) -> tuple[float, str] | None:
+    """What CUPTI adds per kernel, from the fusion knob: GGML_CUDA_DISABLE_FUSION changes the
+    kernels a token runs but not llama_decode's host work (the ggml graph is the same), so over
+    pairs of CUDA-graph traces without / with fusion measured untraced, (traced device span's
+    difference - untraced us/token's difference) / kernel difference is CUPTI's per-kernel
+    excess (median, at least 0). Across models the residual's slope over kernels per token
+    confounds it with host work that grows with the graph; None without such a pair."""
+    from dataclasses import replace
+
+    fused = {(t.model, t.layers, replace(t.strategy, fusion=frozenset())): t for t in traces
+             if t.strategy.graphs and t.strategy.fusion and t.name in measured_targets}
+    per = []
+    for t in traces:
+        a = fused.get((t.model, t.layers, t.strategy))
+        if a is None or t.strategy.fusion or t.name not in measured_targets:
+            continue
+        k = [len(x.trace.events.query("kind == 'kernel' and token >= 0")) / max(1, len(x.trace.tokens()))
+             for x in (t, a)]
+        if k[0] - k[1] < 1:
+            continue
+        traced = kernel_span_us(t) - kernel_span_us(a)
+        untraced = measured_targets[t.name] - measured_targets[a.name]
+        per.append((traced - untraced) * 1e3 / (k[0] - k[1]))
+    if not per:
+        return None
+    v = max(0.0, float(np.median(per)))
+    return v, (f"{v:.0f} ns: median over {len(per)} model(s) of (traced device span - untraced us/token) "
+               f"difference per kernel between CUDA-graph traces without / with fusion "
+               f"({', '.join(f'{x:.0f}' for x in per)} "
+               "ns; the fusion knob changes the kernels, not llama_decode's host work)")
 
 
 def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float
@@ -269,6 +321,47 @@ def graph_stream_cost(traces: list[LlamaCppTrace]) -> tuple[float, str] | None:
                                    "stream the Plan adds (llama.cpp reorders and forks the graph every token)")
 
 
+def untraced_graph_launch(base: dict[str, Any]) -> tuple[float, str]:
+    """``graph_launch_ns``: the base calibration's untraced cudaGraphLaunch on the same GPU and
+    driver (host clock). llama.cpp's traced calls cannot give it: CUPTI's node-level graph
+    tracing (needed to see the graph's kernels) makes a traced launch cost 1-2 us per node
+    (150-1250 us in the captures), which the untraced runs do not pay."""
+    name = base["default_host_profile"]
+    v = float(base["host_profiles"][name]["graph_launch_ns"])
+    how = base["sources"].get(f"host_profiles.{name}.graph_launch_ns", "")
+    return v, (f"the {base.get('gpu', '?')} base calibration's untraced cudaGraphLaunch ({name} profile: {how}); "
+               "llama.cpp's traced calls take 1-2 us per graph node under CUPTI's node-level graph tracing")
+
+
+def graph_stream_fit(traces: list[LlamaCppTrace], cal: dict[str, Any], untraced: Mapping[str, float]
+                     ) -> tuple[float, str] | None:
+    """``graph_stream_ns`` fitted with the simulator in the loop where the GRAPH_OPT knob was
+    measured untraced: over pairs of graph traces of one model without / with Q/K/V streams, the
+    grid value whose predicted knob effects come closest (median absolute difference, points)
+    to the untraced ones. The traced host time (``graph_stream_cost``) carries CUPTI's per-node
+    cost of the fork's extra event nodes; None without an untraced pair."""
+    from dataclasses import replace
+
+    single = {(t.model, t.layers, t.strategy): t for t in traces
+              if t.strategy.graphs and t.strategy.streams == "single" and t.name in untraced}
+    pairs = [(single[k], t) for t in traces if t.strategy.graphs and t.strategy.streams != "single"
+             and t.name in untraced and (k := (t.model, t.layers, replace(t.strategy, streams="single"))) in single]
+    if not pairs:
+        return None
+    measured = [100 * (untraced[a.name] / untraced[b.name] - 1) for a, b in pairs]
+    prof = cal["host_profiles"][PROFILE]
+    best = (np.inf, 0.0)
+    for v in GRAPH_STREAM_GRID_NS:
+        trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, graph_stream_ns=v)}), "llama.cpp fit")
+        pred = [100 * (simulated_us(a, trial)[0] / simulated_us(b, trial)[0] - 1) for a, b in pairs]
+        best = min(best, (float(np.median(np.abs(np.subtract(pred, measured)))), v))
+    err, v = best
+    return v, (f"simulator in the loop: the value of {list(GRAPH_STREAM_GRID_NS)} ns whose predicted GRAPH_OPT "
+               f"effects (graphs + PDL without / with Q/K/V streams, {len(pairs)} model(s), untraced us/token) come "
+               f"closest to llama.cpp's measured ones (median difference {err:.2f} points): the host's per-token "
+               "graph reorder and fork; the traced host time also carries CUPTI's cost of the fork's event nodes")
+
+
 def token_span_us(t: LlamaCppTrace) -> float:
     """A traced token's time inside llama_decode, median over its tokens: its marker's start to
     the return of its last CUDA call (the marker outlasts it by the tracer's own work, and the
@@ -315,7 +408,10 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
     prof = cal["host_profiles"][PROFILE]
     out: dict[str, tuple[float, str]] = {}
     targets, what = fit_targets(traces, measured)
-    graph = [t for t in traces if t.strategy.graphs and t.name in targets]
+    # untraced us/token where llamacpp_peer.py measured the run: a traced span carries CUPTI's cost
+    untraced = {t.name for t in traces if (*model_key(t.model, t.layers), t.config_label) in measured}
+    graph = ([t for t in traces if t.strategy.graphs and t.name in untraced]
+             or [t for t in traces if t.strategy.graphs and t.name in targets])
     if graph:
         # part of the host's time overlaps the device's work, so the overhead does not add one to
         # one: a few fixed-point steps of overhead += median residual
@@ -347,10 +443,9 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
                                       "the traced value): CUPTI's graph-launch callbacks inflate the traced call")
     cur = parse_calibration(dict(cal, host_profiles={PROFILE: prof}), "llama.cpp fit")
     eager = []
-    for t in traces:
-        if t.strategy.graphs:
-            continue
-        if t.name not in targets:
+    use = [t for t in traces if not t.strategy.graphs and t.name in untraced] or traces
+    for t in use:
+        if t.strategy.graphs or t.name not in targets:
             continue
         pred, launches = simulated_us(t, cur)
         if launches:
@@ -444,6 +539,7 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     for fld, (v, how) in {**host_costs(traces), **({"graph_stream_ns": fork} if fork else {})}.items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
+    prof["graph_launch_ns"], src[f"host_profiles.{PROFILE}.graph_launch_ns"] = untraced_graph_launch(base)
     cal["host_profiles"] = {PROFILE: prof}
     cal["default_host_profile"] = PROFILE
     cal["executor"] = "llamacpp"
@@ -454,7 +550,9 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     targets, _ = fit_targets(traces, measured)
     untraced = {t.name: targets[t.name] for t in traces
                 if (*model_key(t.model, t.layers), t.config_label) in measured}
-    cupti, cupti_how = cupti_from_residuals(traces, cal, untraced) if untraced else (0.0, "0: no untraced us/token")
+    by_fusion = cupti_from_fusion_pairs(traces, untraced)
+    cupti, cupti_how = (by_fusion if by_fusion is not None else cupti_from_residuals(traces, cal, untraced)
+                        if untraced else (0.0, "0: no untraced us/token"))
     if cupti > 0:
         used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti)
     for fld, (v, how) in host_residuals(traces, cal, measured).items():
@@ -463,6 +561,9 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     pdl = pdl_release(traces, cal, targets)
     if pdl is not None:
         cal["device"]["pdl_release_ns"], src["device.pdl_release_ns"] = pdl
+    fork = graph_stream_fit(traces, cal, untraced)
+    if fork is not None:
+        prof["graph_stream_ns"], src[f"host_profiles.{PROFILE}.graph_stream_ns"] = fork
     cal["name"] = f"{base.get('name', base.get('gpu'))}, llama.cpp"
     models = sorted({t.model for t in traces})
     per_tok = unmatched.groupby(["trace", "family"]).agg(ns=("exposed_ns", "sum"), tokens=("token", "nunique"))
@@ -485,4 +586,8 @@ def fit_folder(folder: Path, base: dict[str, Any], measured_path: Path | None = 
                held_out: Iterable[str] = (), log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
     """``fit`` of the traces in ``folder`` less the ``held_out`` models."""
     traces = hold_out(read_traces(folder), held_out)
-    return fit(traces, base, read_measured(measured_path), log)
+    contexts = {t.context for t in traces}
+    if len(contexts) > 1:
+        raise TraceFolderError(f"{folder}: traces of several contexts {sorted(contexts)}; fit one context's "
+                               "captures at a time (untraced runs are matched by model, layers and config)")
+    return fit(traces, base, read_measured(measured_path, next(iter(contexts), None)), log)

@@ -119,9 +119,11 @@ def read_traces(folder: Path) -> list[LlamaCppTrace]:
 
 def _kernel_groups(k: pd.DataFrame) -> pd.DataFrame:
     """One row per node-sized kernel group of one token: helpers merged into the kernel before
-    them on their stream; ``exposed_ns``: from the later of the group's start and the end of the
-    previous group on its stream to the group's end (what it adds to the stream's timeline: a
-    PDL kernel's early start waiting on its predecessor does not count)."""
+    them on their stream; ``exposed_ns``: what the group's kernels add to the stream's timeline,
+    each kernel from the later of its start and the previous kernel's end to its own end (a PDL
+    kernel's early start waiting on its predecessor does not count, nor, launched one by one,
+    the host's launch gap between a kernel and its helper: that is the host's time, not the
+    node's)."""
     from ...trace.cupti_names import kernel_base_name
 
     rows = []
@@ -129,18 +131,20 @@ def _kernel_groups(k: pd.DataFrame) -> pd.DataFrame:
         prev_end = -np.inf
         cur: dict | None = None
         for r in g.itertuples():
+            exposed = r.end_ns - max(r.start_ns, prev_end)
             if cur is not None and kernel_base_name(r.name) in HELPER_KERNELS:
                 cur["end_ns"] = max(cur["end_ns"], r.end_ns)
+                cur["exposed_ns"] += max(0, exposed)
+                prev_end = max(prev_end, r.end_ns)
                 continue
             if cur is not None:
                 rows.append(cur)
-                prev_end = max(prev_end, cur["end_ns"])
             cur = {"stream": stream, "op": r.op, "family": r.family, "start_ns": r.start_ns, "end_ns": r.end_ns,
-                   "prev_end": prev_end}
+                   "exposed_ns": exposed}
+            prev_end = max(prev_end, r.end_ns)
         if cur is not None:
             rows.append(cur)
-    df = pd.DataFrame(rows, columns=["stream", "op", "family", "start_ns", "end_ns", "prev_end"])
-    df["exposed_ns"] = df["end_ns"] - np.maximum(df["start_ns"], df["prev_end"])
+    df = pd.DataFrame(rows, columns=["stream", "op", "family", "start_ns", "end_ns", "exposed_ns"])
     return df.sort_values("start_ns").reset_index(drop=True)
 
 
@@ -181,3 +185,24 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
     return pd.DataFrame(matched), pd.DataFrame(unmatched, columns=["trace", "token", "family", "kernels", "nodes",
                                                                    "exposed_ns"])
 
+
+
+def kernel_counts(t: LlamaCppTrace, token: int = 1) -> pd.DataFrame:
+    """Kernels per family in one token: the capture's (helpers merged into their kernel, the
+    ggml ops llama.cpp named them by) beside the Plan of llama.cpp's schedule the simulator runs
+    (its ops). Where the counts differ, llama.cpp's fusion set or graph differs from the
+    workbench's for that family (and the fit leaves the family unmatched in that trace)."""
+    cfg = t.config()
+    plan = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos + token))
+    ev = t.trace.events
+    groups = _kernel_groups(ev[(ev["kind"] == "kernel") & (ev["token"] == token)])
+    fams = sorted(set(groups["family"]) | {la.node.family for la in plan.launches})
+    rows = []
+    for fam in fams:
+        g = groups[groups["family"] == fam]
+        nodes = [la.node.op for la in plan.launches if la.node.family == fam]
+        rows.append({"trace": t.name, "family": fam, "captured": len(g), "simulated": len(nodes),
+                     "captured_ops": ", ".join(f"{op} x{n}" for op, n in g["op"].value_counts().sort_index().items()),
+                     "simulated_ops": ", ".join(f"{op} x{n}" for op, n in pd.Series(nodes, dtype=str).value_counts()
+                                                .sort_index().items())})
+    return pd.DataFrame(rows)
