@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,17 @@ def matrix(models=MODELS) -> list:
 # ------------------------------------------------------------------------------------------
 # report (CPU)
 # ------------------------------------------------------------------------------------------
-def predict(rows: pd.DataFrame, cal) -> pd.DataFrame:
-    """The measured cells of this report's strategies, each with the simulator's us/token."""
+def predict(rows: pd.DataFrame | Mapping[str, Any], cal) -> pd.DataFrame:
+    """The measured cells of this report's strategies, each with the simulator's us/token.
+    ``rows``: one row per cell (``read_matrix``'s frame), or the parsed JSON of an older measured
+    file (``{"environment", "tokens", "repeats", "rows"}``, as notebook 05 reads it)."""
     import workbench
 
+    if isinstance(rows, Mapping):
+        if "rows" not in rows:
+            raise ValueError("sim_fidelity.predict: a measured dict needs its 'rows' (the older JSON of `measure`); "
+                             "for JSON lines of benchmarks/decode_matrix.py pass read_matrix(path)[1]")
+        rows = pd.DataFrame(rows["rows"])
     df = rows[rows["strategy"].isin(list(STRATEGIES))].reset_index(drop=True)
     # the split follows MODELS (which families `workbench calibrate` measured), not the flag
     # recorded when the matrix was measured
