@@ -197,3 +197,18 @@ def test_fit_weights_a_cell_by_its_rounds_spread(tmp_path) -> None:
     assert wide.spread_pp == pytest.approx(0.5 * (120 / 80 - 80 / 100) * 100)
     assert tight.weight > wide.weight
     assert replace(tight, spread_pp=0.0).weight == pytest.approx(SPREAD_FLOOR_PP ** -2)
+
+
+def test_fidelity_kernel_check_matches_the_bound_kernel(bench, tmp_path) -> None:
+    """The kernels-alone table pairs each node with the kernel_bench row of the kernel and grid the
+    executor binds now (not the table's `default`, which predates later default changes)."""
+    _, _, sim_fidelity = bench
+    md = tmp_path / "kernels.md"
+    head = "| model | node | op | shape | variant | kernel | grid | us |\n|---|---|---|---|---|---|---|---|\n"
+    row = "| llama-3.2-1b | Qcur-0 | MUL_MAT | [2048, 2048] | {} | `{}` | ({}, 1) | {} |\n"
+    md.write_text(head + row.format("default", "k_mul_mat_vec_f16", 512, 5.55)
+                  + row.format("rows", "k_mul_mat_vec_rows_f16", 256, 5.72))
+    kc = sim_fidelity.kernel_check(load_calibration("h200"), md,
+                                   ((ModelSpec("llama-3.2-1b", 2, 512, 448), "llama", False),))
+    assert kc[["node", "kernel", "measured_us"]].values.tolist() == [["Qcur-0", "k_mul_mat_vec_f16", 5.55]]
+    assert kc["simulated_us"].iloc[0] > 0
