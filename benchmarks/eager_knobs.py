@@ -141,24 +141,27 @@ def predict(cells: list[Cell], gpu: str = "h200") -> pd.DataFrame:
     from workbench.models import load_config
 
     cal = load_calibration(gpu)
-    memo: dict[tuple, float] = {}
+    memo: dict[tuple, dict] = {}
 
-    def sim(c: Cell, st: Strategy) -> float:
+    def sim(c: Cell, st: Strategy) -> dict:
         key = (c.model, c.layers, c.context, c.pos, c.tokens, st)
         if key not in memo:
             cfg = load_config(c.model, layers=c.layers, context=c.context)
             run = workbench.run(cfg, st, tokens=c.tokens, backend="sim", start_pos=c.pos, calibration=cal)
-            memo[key] = run.stats["us_per_token"]
+            memo[key] = run.stats
         return memo[key]
 
     rows = []
     for c in cells:
-        e, k = sim(c, Strategy()), sim(c, KNOBS[c.knob])
+        se = sim(c, Strategy())
+        e, k = se["us_per_token"], sim(c, KNOBS[c.knob])["us_per_token"]
         meas, pred = 100 * (c.eager_us / c.knob_us - 1), 100 * (e / k - 1)
         fitted = (c.source, c.knob) in FITTED or (c.source not in ("calibrate", "gpu_decode")
                                                    and c.knob in FITTED_KNOBS)
         rows.append({"source": c.source, "model": c.label, "knob": c.knob, "fitted": fitted,
                      "eager_us": c.eager_us, "knob_us": c.knob_us, "sim_eager_us": e, "sim_knob_us": k,
+                     "launches": se["launches_per_token"], "host_launch_ns": cal.host.launch_ns,
+                     "host_pdl_saving_ns": cal.host.launch_ns - cal.host.launch_pdl_ns,
                      "measured_pct": meas, "measured_lo": c.lo, "measured_hi": c.hi, "simulated_pct": pred,
                      "diff_pp": pred - meas})
     return pd.DataFrame(rows)
@@ -173,6 +176,8 @@ def _md(df: pd.DataFrame) -> str:
 
 
 def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path | None = None) -> pd.DataFrame:
+    from workbench.exec.calibrate.decode_matrix import cold_run_note, read_matrix
+
     cells = measured_cells(measured) if measured else committed_cells()
     df = predict(cells, gpu)
     cols = ["source", "model", "knob", "fitted", "eager_us", "knob_us", "sim_eager_us", "sim_knob_us",
@@ -195,17 +200,35 @@ def report(measured: Path | None, out_dir: Path, gpu: str = "h200", before: Path
             + (f"`{measured}` (one interleaved run, median over rounds)" if measured else
                "`gpu_decode.json` (2026-11-21, median of 10 runs of 64 tokens, steps 448..511), the calibration "
                "runs of `calibration_raw_h200.json.gz` (2026-11-21, 12 tokens from step 0)")
-            + ". Speedup = t(eager) / t(eager + knob) - 1. "
+            + ". " + (cold_run_note(read_matrix(measured)[0]) if measured else "")
+            + "Speedup = t(eager) / t(eager + knob) - 1. "
             + (f"`before_pp`: diff_pp of the simulator in `{before}`. " if before is not None else "") +
             "*fitted*: the cells `python -m workbench.exec.fit_eager` fitted `eager_pdl_release_ns` and "
             "`eager_channel_switch_ns` to (the others are held out)"
             + (" when the calibration was fitted with `--measured` on this file; `measured_lo`/`measured_hi`: "
                "the speedup's spread from the rounds' min-max" if measured else "") + ".\n\n",
             f"{within} of {len(df)} knob effects within 2 pp.\n\n", control,
-            _md(df[cols])]
+            _md(df[cols]), _host_table(df)]
     (out_dir / f"eager_knobs_{gpu}.md").write_text("".join(text))
     print("".join(text))
     return df
+
+
+def _host_table(df: pd.DataFrame) -> str:
+    """Per model: eager us/token per kernel launch, measured and simulated, beside the calibrated
+    host's cost of one launch. Where the measured value sits at the host's issue rate on every
+    small model alike, the host, not the GPU, set the eager cells of that run."""
+    e = df.drop_duplicates("model").set_index("model")
+    pdl = df[df["knob"] == "pdl"].set_index("model")["knob_us"].reindex(e.index)
+    t = pd.DataFrame({"model": e.index, "launches per token": e["launches"],
+                      "measured eager ns/launch": 1e3 * e["eager_us"] / e["launches"],
+                      "simulated eager ns/launch": 1e3 * e["sim_eager_us"] / e["launches"],
+                      "calibrated host launch_ns": e["host_launch_ns"],
+                      "measured eager - eager+pdl ns/launch": 1e3 * (e["eager_us"] - pdl) / e["launches"],
+                      "calibrated launch_ns - launch_pdl_ns": e["host_pdl_saving_ns"]})
+    return ("\nEager us/token per kernel launch (the host issues one launch per kernel), beside the calibrated "
+            "host profile's cost of one launch and what a PDL launch saves the host; a host-bound model's "
+            "eager+pdl saves the host's difference per launch, a device-bound one the GPU's gap:\n\n" + _md(t))
 
 
 def main() -> int:

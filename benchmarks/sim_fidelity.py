@@ -33,6 +33,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -100,10 +101,17 @@ def matrix(models=MODELS) -> list:
 # ------------------------------------------------------------------------------------------
 # report (CPU)
 # ------------------------------------------------------------------------------------------
-def predict(rows: pd.DataFrame, cal) -> pd.DataFrame:
-    """The measured cells of this report's strategies, each with the simulator's us/token."""
+def predict(rows: pd.DataFrame | Mapping[str, Any], cal) -> pd.DataFrame:
+    """The measured cells of this report's strategies, each with the simulator's us/token.
+    ``rows``: one row per cell (``read_matrix``'s frame), or the parsed JSON of an older measured
+    file (``{"environment", "tokens", "repeats", "rows"}``, as notebook 05 reads it)."""
     import workbench
 
+    if isinstance(rows, Mapping):
+        if "rows" not in rows:
+            raise ValueError("sim_fidelity.predict: a measured dict needs its 'rows' (the older JSON of `measure`); "
+                             "for JSON lines of benchmarks/decode_matrix.py pass read_matrix(path)[1]")
+        rows = pd.DataFrame(rows["rows"])
     df = rows[rows["strategy"].isin(list(STRATEGIES))].reset_index(drop=True)
     # the split follows MODELS (which families `workbench calibrate` measured), not the flag
     # recorded when the matrix was measured
@@ -161,9 +169,53 @@ def _md(df: pd.DataFrame, cols: list[str], digits: int = 1) -> str:
     return head + "\n".join(lines) + "\n"
 
 
+def kernel_check(cal, bench_md: Path, models=MODELS) -> pd.DataFrame:
+    """The simulator's duration of each kernel that ``benchmarks/kernel_bench.py`` timed alone at
+    the matrix's shapes (its markdown table, the ``default`` variant: the kernel the executor
+    binds now, whichever variant the table names it), beside the measured one: whether a cell's
+    miss is in the kernels' own time (the kernel-selection defaults changed after the table and
+    the calibration: the op fits' extrapolation) or between them."""
+    import workbench
+    from workbench.exec.cuda_ops import BindError, bind
+
+    def bound(node) -> tuple[str, str] | None:
+        """(kernel, grid) the executor launches for ``node`` (buffers at aligned bases, as
+        ``cost.executor_kernel`` binds it); the grid tells variants of one kernel apart (seg8/seg16)."""
+        try:
+            k = bind(node, lambda v: v.offset, lambda key, n: 0)
+        except BindError:
+            return None
+        return k.name, str(tuple(k.grid))
+
+    bench = []
+    for line in bench_md.read_text().splitlines():
+        c = [x.strip() for x in line.strip().strip("|").split("|")]
+        if len(c) >= 8 and c[7].replace(".", "", 1).isdigit():
+            bench.append({"model": c[0], "node": c[1], "op": c[2], "shape": c[3], "variant": c[4],
+                          "kernel": c[5].strip("`"), "grid": c[6], "bench_us": float(c[7])})
+    bt = pd.DataFrame(bench)
+    rows = []
+    for spec, _, _ in models:
+        b = bt[bt["model"] == spec.model] if len(bt) else bt
+        if b.empty:
+            continue
+        run = workbench.run(spec.config(), Strategy(graphs=True), tokens=2, backend="sim", start_pos=spec.pos,
+                            calibration=cal, quiet=True)
+        ev = run.trace.events
+        k = ev[(ev["kind"] == "kernel") & (ev["token"] == ev["token"].max())]
+        dur = dict(zip(k["node"], (k["end_ns"] - k["start_ns"]) / 1e3))
+        binds = {la.node.name: bound(la.node) for la in run.plan.launches}
+        for r in b.itertuples():
+            if r.node in dur and binds.get(r.node) == (r.kernel, r.grid):
+                rows.append({"model": spec.label, "node": r.node, "op": r.op, "shape": r.shape, "kernel": r.kernel,
+                             "bench_variant": r.variant, "measured_us": r.bench_us, "simulated_us": dur[r.node],
+                             "error_pct": 100 * (dur[r.node] / r.bench_us - 1)})
+    return pd.DataFrame(rows)
+
+
 def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir: Path,
            baselines: list[Path] | None = None, baseline_labels: list[str] | None = None) -> dict[str, Any]:
-    from workbench.exec.calibrate.decode_matrix import read_matrix
+    from workbench.exec.calibrate.decode_matrix import cold_run_note, read_matrix
     from workbench.exec.calibration import load_calibration
 
     env, measured = read_matrix(measured_path)
@@ -185,7 +237,8 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
             f"Measured {env['date'][:10]} on {env['gpu_name']}, driver {env.get('driver_version', '')}, CUDA runtime "
             f"{env.get('cuda_runtime', '')}, CuPy {env.get('cupy', '')} (`{measured_path.name}`); "
             f"{env['repeats']} runs of "
-            f"{env['tokens']} tokens per cell (median, spread min-max). Predicted by the simulator with "
+            f"{env['tokens']} tokens per cell (median, spread min-max). {cold_run_note(env)}"
+            "Predicted by the simulator with "
             f"`{cal_path or f'data/calibration/{gpu}.json'}` ({cal.name}). Held-out families were never measured "
             "by `workbench calibrate`. Generated by `benchmarks/sim_fidelity.py report`.\n\n",
             "## Summary\n\n", _md(sm, list(sm.columns))]
@@ -199,9 +252,17 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
                  _md(d, ["label", "strategy", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct"]),
                  f"\n## {name}: knob speedups (%)\n\n",
                  _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp"])]
+    bench_md = ROOT / "data" / "bench" / f"kernels_{gpu}.md"
+    kc = kernel_check(cal, bench_md) if bench_md.exists() else pd.DataFrame()
+    if not kc.empty:
+        text += [f"\n## Kernels alone: simulated vs `{bench_md.name}`\n\n",
+                 "The measured file holds us/token only, no kernel times; `benchmarks/kernel_bench.py` timed the "
+                 "kernels the executor binds at these shapes alone (CUDA graph replay, operands not L2-resident). "
+                 "The simulator's duration of the same node (graphs, the cell's position):\n\n",
+                 _md(kc, list(kc.columns))]
     (out_dir / f"{stem}.md").write_text("".join(text))
     print("".join(text))
-    return {"rows": df, "knobs": kn, "summary": sm}
+    return {"rows": df, "knobs": kn, "summary": sm, "kernels": kc}
 
 
 # ------------------------------------------------------------------------------------------

@@ -6,8 +6,10 @@ from __future__ import annotations
 
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import workbench
@@ -87,7 +89,8 @@ def test_reports_read_a_simulated_stage_file(bench, tmp_path) -> None:
 
 
 def test_measure_loop_interleaves_and_survives_a_failing_model(tmp_path, monkeypatch) -> None:
-    """The GPU loop's logic with the executor faked: warm-up then rotated rounds, one row per
+    """The GPU loop's logic with the executor faked: warm-up, one untimed settle run of the first
+    strategy, then rotated rounds, one row per
     strategy with every run, every executor released, a failing model leaves an error line and
     the next model is still measured, a spent budget skips the rest."""
     from types import SimpleNamespace
@@ -128,8 +131,84 @@ def test_measure_loop_interleaves_and_survives_a_failing_model(tmp_path, monkeyp
     assert env["tokens"] == 8 and env["repeats"] == 3
     assert list(rows["model"].unique()) == ["llama-3.2-1b", "qwen3-30b-a3b"]
     assert all(len(r) == 3 for r in rows["runs_us"])
-    timed = [label for label, n in calls if n == 8][:9]  # the first model's rounds
-    assert timed == ["eager", "eager+pdl", "graphs", "eager+pdl", "graphs", "eager", "graphs", "eager", "eager+pdl"]
+    timed = [label for label, n in calls if n == 8][:10]  # the first model's settle run, then its rounds
+    assert timed == ["eager", "eager", "eager+pdl", "graphs", "eager+pdl", "graphs", "eager", "graphs", "eager",
+                     "eager+pdl"]
+    assert env["settle_run"] is True and rows["runs_us"].map(len).tolist() == [3] * 6  # nothing dropped
     assert sorted(released) == sorted([s.label() for s in sts] * 2)
     assert '"kind": "error"' in out.read_text() and "out of memory" in out.read_text()
     assert dm.measure_matrix(models, out, tokens=8, repeats=1, budget_s=-1.0, log=lambda s: None) == 0
+
+
+def test_cold_run_left_out_of_files_without_the_settle_run(tmp_path) -> None:
+    """Files measured before the settle run: each model's first timed run (round 0 of its first
+    strategy) is left out of that cell's median and spread, every other cell and ``runs_us`` kept;
+    a file with the settle run is read as written."""
+    def cell(model: str, st: str, runs: list[float]) -> dict:
+        return {"kind": "cell", "model": model, "layers": None, "context": 512, "pos": 448, "strategy": st,
+                "family": "llama", "tokens": 32, "us_per_token": float(np.median(runs)), "us_min": min(runs),
+                "us_max": max(runs), "runs_us": runs}
+
+    cells = [cell("a", "eager", [130.0, 100.0, 104.0]), cell("a", "eager+pdl", [90.0, 95.0, 80.0]),
+             cell("b", "eager", [50.0, 60.0, 40.0])]
+    for settle in (False, True):
+        env = {"kind": "environment", "gpu_name": "g", "date": "d", "tokens": 32, "repeats": 3,
+               **({"settle_run": True} if settle else {})}
+        path = tmp_path / f"m{settle}.jsonl"
+        path.write_text("".join(json.dumps(x) + "\n" for x in (env, *cells)))
+        _, df = read_matrix(path)
+        got = df[["us_per_token", "us_min", "us_max"]].values.tolist()
+        if settle:
+            assert got == [[104.0, 100.0, 130.0], [90.0, 80.0, 95.0], [50.0, 40.0, 60.0]]
+        else:
+            assert got == [[102.0, 100.0, 104.0], [90.0, 80.0, 95.0], [50.0, 40.0, 60.0]]
+        assert df["runs_us"].map(len).tolist() == [3, 3, 3]
+
+
+def test_fidelity_predict_takes_the_older_json(bench) -> None:
+    """Notebook 05 passes the parsed older JSON (``{"environment", ..., "rows"}``) to predict."""
+    _, _, sim_fidelity = bench
+    data = json.loads((ROOT / "data" / "bench" / "sim_fidelity_h200_measured.json").read_text())
+    data["rows"] = [r for r in data["rows"] if r["model"] == "llama-3.2-1b" and r["strategy"] in ("eager", "graphs")]
+    df = sim_fidelity.predict(data, load_calibration("h200"))
+    assert list(df["strategy"]) == ["eager", "graphs"] and (df["predicted_us"] > 0).all()
+    with pytest.raises(ValueError, match="rows"):
+        sim_fidelity.predict({"environment": {}}, load_calibration("h200"))
+
+
+def test_fit_weights_a_cell_by_its_rounds_spread(tmp_path) -> None:
+    """fit_eager's cells carry the measured speedup's spread from the rounds' min-max; a cell whose
+    rounds agree weighs more than one that CPU noise spread, one with no rounds weighs the floor's."""
+    from workbench.exec.fit_eager import SPREAD_FLOOR_PP, matrix_cells
+
+    env = {"kind": "environment", "gpu_name": "g", "date": "d", "tokens": 32, "repeats": 3, "settle_run": True}
+
+    def cell(model: str, st: str, lo: float, hi: float) -> dict:
+        return {"kind": "cell", "model": model, "layers": None, "context": 512, "pos": 448, "strategy": st,
+                "family": "llama", "tokens": 32, "us_per_token": (lo + hi) / 2, "us_min": lo, "us_max": hi,
+                "runs_us": [lo, hi]}
+
+    lines = [env, cell("llama-3.2-1b", "eager", 99.0, 101.0), cell("llama-3.2-1b", "eager+pdl", 89.0, 91.0),
+             cell("llama-3.1-8b", "eager", 80.0, 120.0), cell("llama-3.1-8b", "eager+pdl", 80.0, 100.0)]
+    path = tmp_path / "m.jsonl"
+    path.write_text("".join(json.dumps(x) + "\n" for x in lines))
+    tight, wide = matrix_cells(path, "eager_pdl_release_ns")
+    assert tight.spread_pp == pytest.approx(0.5 * (101 / 89 - 99 / 91) * 100)
+    assert wide.spread_pp == pytest.approx(0.5 * (120 / 80 - 80 / 100) * 100)
+    assert tight.weight > wide.weight
+    assert replace(tight, spread_pp=0.0).weight == pytest.approx(SPREAD_FLOOR_PP ** -2)
+
+
+def test_fidelity_kernel_check_matches_the_bound_kernel(bench, tmp_path) -> None:
+    """The kernels-alone table pairs each node with the kernel_bench row of the kernel and grid the
+    executor binds now (not the table's `default`, which predates later default changes)."""
+    _, _, sim_fidelity = bench
+    md = tmp_path / "kernels.md"
+    head = "| model | node | op | shape | variant | kernel | grid | us |\n|---|---|---|---|---|---|---|---|\n"
+    row = "| llama-3.2-1b | Qcur-0 | MUL_MAT | [2048, 2048] | {} | `{}` | ({}, 1) | {} |\n"
+    md.write_text(head + row.format("default", "k_mul_mat_vec_f16", 512, 5.55)
+                  + row.format("rows", "k_mul_mat_vec_rows_f16", 256, 5.72))
+    kc = sim_fidelity.kernel_check(load_calibration("h200"), md,
+                                   ((ModelSpec("llama-3.2-1b", 2, 512, 448), "llama", False),))
+    assert kc[["node", "kernel", "measured_us"]].values.tolist() == [["Qcur-0", "k_mul_mat_vec_f16", 5.55]]
+    assert kc["simulated_us"].iloc[0] > 0

@@ -11,15 +11,17 @@ device-side edges do not, and ``workbench calibrate``'s per-call host costs do n
   branch, which is why eager ``qkv`` streams do not pay off where the host runs far ahead.
 
 (A kernel that an eager event wait holds starts ``eager_event_gap_ns`` after the recorded work;
-absent from a file that is the eager launch gap, not fitted here.) Both are fitted here, each by
-a one-dimensional search with the simulator in the loop, so that
-the simulated speedup of ``eager+pdl`` and ``eager+qkv+boundary`` over ``eager`` matches the
-measured ones, least squares in percentage points. The measured knob effects come from one
-interleaved run of every eager cell (``--measured``, the JSON lines of ``benchmarks/decode_matrix.py``:
-each knob beside an ``eager`` run of the same minutes, which is what a 2 pp fit needs) or, for
-files measured before it, from the calibration runs' untraced us/token (the raw file of
-``workbench calibrate``) and ``benchmarks/gpu_decode.py``'s JSON (``--decode``), taken at
-different times (there a no-op knob, eager copy-elim on llama-3.2-1b, measured -1.9 %):
+absent from a file that is the eager launch gap, not fitted here.) Both are fitted here, each by a
+one-dimensional search with the simulator in the loop, so that the simulated speedup of
+``eager+pdl`` and ``eager+qkv+boundary`` over ``eager`` matches the measured ones, least squares in
+percentage points, each cell weighted by the inverse variance its interleaved rounds show (a host-
+bound cell that CPU noise spreads over 20 pp weighs little). The measured knob effects come from one
+interleaved run of every eager cell (``--measured``, the JSON lines of
+``benchmarks/decode_matrix.py``: each knob beside an ``eager`` run of the same minutes, which is
+what a 2 pp fit needs) or, for files measured before it, from the calibration runs' untraced
+us/token (the raw file of ``workbench calibrate``) and ``benchmarks/gpu_decode.py``'s JSON
+(``--decode``), taken at different times (there a no-op knob, eager copy-elim on llama-3.2-1b,
+measured -1.9 %):
 
     python -m workbench.exec.fit_eager --measured data/bench/decode_matrix_h200.jsonl \\
         --calibration data/calibration/h200.json --write
@@ -53,6 +55,10 @@ KNOBS: dict[str, tuple[str, Strategy]] = {
 BASE = ("eager", Strategy())
 #: the search range of both parameters (ns): 0 up to two eager launch gaps
 GRID = np.arange(0.0, 2601.0, 100.0)
+#: the measurement noise (pp) a cell carries beyond its rounds' spread: what a no-op knob measured
+#: between interleaved runs of the same work on a device-bound model (llama-3.1-8b eager vs
+#: eager+copy-elim in decode_matrix_h200.jsonl: +2.2 %)
+SPREAD_FLOOR_PP = 2.0
 
 
 def read_raw(path: str | Path) -> dict[str, Any]:
@@ -74,6 +80,17 @@ class KnobCell:
     strategy: Strategy
     eager_us: float
     knob_us: float
+    #: half the measured speedup's spread (pp) from the interleaved rounds' min-max
+    #: (``eager`` min over knob max .. eager max over knob min); 0 where the source has no rounds
+    spread_pp: float = 0.0
+
+    @property
+    def weight(self) -> float:
+        """The cell's weight in the least squares: the inverse of its measurement variance (the
+        rounds' spread, plus ``SPREAD_FLOOR_PP`` for what three rounds cannot show). A host-bound
+        cell whose rounds spread 20 pp (CPU noise: the no-op copy-elim cells drift up to 10 pp)
+        cannot pin a parameter to 2 pp; a device-bound cell whose rounds agree within 2 pp can."""
+        return 1.0 / (self.spread_pp ** 2 + SPREAD_FLOOR_PP ** 2)
 
     def predict(self, cal: Calibration, st: Strategy) -> float:
         cfg = load_config(self.model, layers=self.layers, context=self.context)
@@ -116,9 +133,19 @@ def matrix_cells(path: str | Path, knob: str, tokens: int = 16) -> list[KnobCell
             continue
         layers = None if r["layers"] != r["layers"] or r["layers"] is None else int(r["layers"])
         context = None if r["context"] != r["context"] or r["context"] is None else int(r["context"])
+        lo = dict(zip(g["strategy"], g["us_min"])) if "us_min" in g else {}
+        hi = dict(zip(g["strategy"], g["us_max"])) if "us_max" in g else {}
         out += [KnobCell(Path(path).stem, r["model"], layers, context, int(r["pos"]), tokens, st,
-                         float(us[BASE[0]]), float(us[label])) for label, st in sts.items() if label in us]
+                         float(us[BASE[0]]), float(us[label]), _spread_pp(BASE[0], label, lo, hi))
+                for label, st in sts.items() if label in us]
     return out
+
+
+def _spread_pp(base: str, label: str, lo: Mapping[str, float], hi: Mapping[str, float]) -> float:
+    """Half the range of ``label``'s speedup over ``base`` that the rounds' min-max allow (pp)."""
+    if not all(k in d for k in (base, label) for d in (lo, hi)):
+        return 0.0
+    return 0.5 * (speedup_pct(hi[base], lo[label]) - speedup_pct(lo[base], hi[label]))
 
 
 #: gpu_decode.json's rows -> the knob they measure (``benchmarks/gpu_decode.py``'s ``alone()``)
@@ -160,23 +187,28 @@ def knob_errors(cal: Calibration, cells: Sequence[KnobCell],
 
 def fit_one(cal: Calibration, cells: Sequence[KnobCell], knob: str,
             log: Callable[[str], None] = lambda s: None) -> tuple[float, float, list[tuple[str, float, float]]]:
-    """The grid value of ``knob`` with the least squared error of the knob's speedups, refined to
-    10 ns around the best; returns (value, rms error in pp, per-cell errors at the value)."""
+    """The grid value of ``knob`` with the least squared error of the knob's speedups (each cell
+    weighted by its measurement's inverse variance, ``KnobCell.weight``), refined to 10 ns around
+    the best; returns (value, weighted rms error in pp, per-cell errors at the value)."""
     if not cells:
         raise ValueError(f"fit_eager: no measured {KNOBS[knob][0]!r} runs beside 'eager' runs; measure them with "
                          "`workbench calibrate` (its default strategies include both)")
     cache: dict[KnobCell, float] = {}
 
+    w = np.array([c.weight for c in cells])
+    w = w / w.sum()
+
     def sse(v: float) -> tuple[float, list[tuple[str, float, float]]]:
+        """The weighted mean squared error (pp^2) of the knob's speedups at ``v``."""
         rows = knob_errors(replace(cal, **{knob: float(v)}), cells, cache)
-        return float(sum((s - m) ** 2 for _, m, s in rows)), rows
+        return float(sum(wi * (s - m) ** 2 for wi, (_, m, s) in zip(w, rows))), rows
 
     best = min(GRID, key=lambda v: sse(v)[0])
     fine = np.arange(max(0.0, best - 90.0), best + 91.0, 10.0)
     best = float(min(fine, key=lambda v: sse(v)[0]))
     err, rows = sse(best)
-    log(f"{knob} = {best:.0f} ns: rms {np.sqrt(err / len(rows)):.2f} pp over {len(rows)} cells")
-    return best, float(np.sqrt(err / len(rows))), rows
+    log(f"{knob} = {best:.0f} ns: weighted rms {np.sqrt(err):.2f} pp over {len(rows)} cells")
+    return best, float(np.sqrt(err)), rows
 
 
 def fit(raw: Mapping[str, Any] | None, base: Mapping[str, Any], decode: Mapping[str, Any] | None = None,
@@ -215,8 +247,9 @@ def fit(raw: Mapping[str, Any] | None, base: Mapping[str, Any], decode: Mapping[
         out["device"][knob] = value
         per = "; ".join(f"{m}: measured {a:+.1f} %, simulated {s:+.1f} %" for m, a, s in rows)
         out["sources"][f"device.{knob}"] = (
-            f"{where}: the value whose simulated speedup of {label} over eager is closest (least squares, "
-            f"rms {rms:.1f} pp) to the measured one (untraced), per measured model: {per}")
+            f"{where}: the value whose simulated speedup of {label} over eager is closest (least squares "
+            f"weighted by each cell's inverse measurement variance, weighted rms {rms:.1f} pp) to the measured "
+            f"one (untraced), per measured model: {per}")
     return out
 
 
