@@ -364,10 +364,9 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
 def op_time_table(traces: Path, cal, held_out: set[str]) -> pd.DataFrame:
     """Per capture of a fitted model and ggml op, token 1's matched kernel time against the
     simulator's kernel cost under ``cal`` (``llamacpp_traces.matched_kernels``)."""
-    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_strategy
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
     from workbench.exec.calibrate.llamacpp_traces import matched_kernels, read_traces
     from workbench.exec.cost import kernel_cost
-    from workbench.strategy.steps import plan_for
 
     rows = []
     for t in read_traces(traces):
@@ -378,7 +377,7 @@ def op_time_table(traces: Path, cal, held_out: set[str]) -> pd.DataFrame:
             continue
         m = m[m["token"] == 1]
         cfg = t.config()
-        plan = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos + 1))
+        plan = llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + 1))
         pred = {la.node.name: kernel_cost(la.node, cal).duration_ns for la in plan.launches}
         for op, g in m.groupby("op"):
             c, p = g["exposed_ns"].sum() / 1e3, sum(pred[n] for n in g["node"]) / 1e3
