@@ -14,7 +14,13 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
   pair stays two kernels and a GLU (``UNFUSED_OPS``); gpt-oss keeps ROPE / SET_ROWS and its
   top-k / softmax routing apart (``UNFUSED_BY_MODEL``);
 * the ``inp_out_ids`` row selection llama.cpp's builders put in the last layer (``OUT_IDS_MODELS``):
-  one GET_ROWS of the attention output, which also keeps that output's residual ADD apart.
+  one GET_ROWS of the attention output, which also keeps that output's residual ADD apart;
+* fusions llama.cpp forms that have no op of their own here (every op in ``graph.ops.OPS`` has a
+  reference and a CUDA kernel of the workbench): RMS_NORM+MUL+ROPE(+SET_ROWS) of the Q/K norms
+  and the MoE MUL+SUM_ROWS are one kernel each, modelled as the op they extend reading the
+  absorbed node's operands too (``LLAMACPP_CHAINS``);
+* without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
+  (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``).
 """
 
 from __future__ import annotations
@@ -26,8 +32,9 @@ from ...graph import Graph, Node
 from ...graph.tensor import Buffer, View, nbytes_of
 from ...models import ModelConfig, build_graph
 from ...strategy import FUSIONS, WORKBENCH_FUSIONS, Plan, Strategy, compile_plan
+from ...strategy.deps import accesses_by_buffer
 from ...strategy.fusion import PASSES
-from ...strategy.rewrite import with_nodes
+from ...strategy.rewrite import output_buffers, sole_reader, stable_between, with_nodes
 from ...strategy.steps import config_key
 
 #: fused ops llama.cpp never forms (ggml_cuda_can_fuse has no MoE gate/up + GLU mat-vec)
@@ -77,6 +84,78 @@ def select_output_rows(graph: Graph, cfg: ModelConfig) -> Graph:
     return replace(g, consts={**graph.consts, "inp_out_ids": ids})
 
 
+#: our MoE builders' SUM_ROWS over the weighted expert outputs (``ffn_moe_out-<layer>``)
+EXPERT_SUM = "ffn_moe_out"
+
+
+def expert_sum_as_adds(graph: Graph) -> Graph:
+    """``graph`` with each MoE expert sum (``EXPERT_SUM``: SUM_ROWS over the transposed
+    ``[n_used, n_embd]`` weighted outputs) as llama.cpp's unfused chain of ADDs of one expert's
+    row each, the last writing the sum's result."""
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        if n.op != "SUM_ROWS" or not n.name.startswith(EXPERT_SUM):
+            nodes.append(n)
+            continue
+        src = n.srcs[0]
+        n_embd, n_used = src.shape
+        rows = View.of(src.buffer, (n_used, n_embd), src.dtype, src.offset)
+        acc = rows.slice(0, 0, 1)
+        for e in range(1, n_used):
+            out = n.dst if e == n_used - 1 else View.of(
+                Buffer(f"{n.name}_add{e}", nbytes_of((1, n_embd), "f32"), "act"), (1, n_embd), "f32")
+            nodes.append(Node(f"{n.name}_add{e}" if e < n_used - 1 else n.name, "ADD",
+                              (acc, rows.slice(0, e, e + 1)), (out,)))
+            acc = out
+    return with_nodes(graph, nodes)
+
+
+def _norm_rope_srcs(norm: Node, rope: Node) -> tuple[View, ...]:
+    """The norm's input and weight, then the rope's positions, frequencies (and cache rows)."""
+    return (*norm.srcs, *rope.srcs[1:])
+
+
+def _mul_sum_rows_srcs(mul: Node, sum_rows: Node) -> tuple[View, ...]:
+    """The product's operands, the first laid out as the sum reads the product (its rows summed)."""
+    a, b = mul.srcs
+    return (a.permute(*range(len(a.shape))[::-1]) if sum_rows.srcs[0].strides != mul.dst.strides else a, b)
+
+
+#: llama.cpp's fused chains without an op of their own: (producer op, reader ops, the op the
+#: kernel is modelled as: "producer" or "reader", sources of the merged node); the producer
+#: must be read by that reader only
+LLAMACPP_CHAINS = (
+    ("RMS_NORM_MUL", ("ROPE", "ROPE_SET_ROWS"), "producer", _norm_rope_srcs),   # rms_norm + mul + rope (+ set_rows)
+    ("MUL", ("SUM_ROWS",), "reader", _mul_sum_rows_srcs),                        # MoE: weights x experts, summed
+)
+
+
+def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
+    """``graph`` with each ``LLAMACPP_CHAINS`` pair as one node at the reader's position, writing
+    its result; the removed producers' names."""
+    removed: list[str] = []
+    for producer, readers, kept, srcs_of in LLAMACPP_CHAINS:
+        nodes = graph.nodes
+        index = accesses_by_buffer(nodes)
+        outputs = output_buffers(graph)
+        replace_at: dict[int, Node] = {}
+        drop: set[int] = set()
+        for i, n in enumerate(nodes):
+            if n.op != producer:
+                continue
+            j = sole_reader(nodes, index, outputs, i)
+            if j is None or nodes[j].op not in readers or j in replace_at or not stable_between(index, n.srcs, i, j):
+                continue
+            r = nodes[j]
+            base = n if kept == "producer" else r
+            fused = (*n.params.get("fused", ()), n.name, *r.params.get("fused", ()))
+            replace_at[j] = Node(r.name, base.op, srcs_of(n, r), r.outs, {**base.params, "fused": fused})
+            drop.add(i)
+        graph = with_nodes(graph, [replace_at.get(k, n) for k, n in enumerate(nodes) if k not in drop])
+        removed.extend(nodes[k].name for k in sorted(drop))
+    return graph, removed
+
+
 def _unfuse(before: Graph, after: Graph, ops: frozenset[str]) -> tuple[Graph, set[str]]:
     """``after`` (one fusion pass over ``before``) with every fused node of ``ops`` put back as
     the nodes it absorbed and its own; the names put back."""
@@ -115,7 +194,13 @@ def llamacpp_graph(cfg: ModelConfig, n_kv: int) -> Graph:
 @lru_cache(maxsize=64)
 def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc: tuple[int, int] | None) -> Plan:
     ran = llamacpp_strategy(strategy)
-    graph, removed = llamacpp_fusions(llamacpp_graph(cfg, n_kv), ran.fusion, cfg)
+    graph = llamacpp_graph(cfg, n_kv)
+    if not ran.fusion - {"copy-elim"}:
+        graph = expert_sum_as_adds(graph)
+    graph, removed = llamacpp_fusions(graph, ran.fusion, cfg)
+    if ran.fusion - {"copy-elim"}:
+        graph, merged = merge_chains(graph)
+        removed += merged
     plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
     return replace(plan, strategy=ran, removed=removed)
 
