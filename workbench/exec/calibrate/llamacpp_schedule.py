@@ -130,6 +130,13 @@ LLAMACPP_CHAINS = (
 )
 
 
+#: readers that write one row of a cache (its ``dst`` is the whole cache): merged into an op that
+#: counts its whole ``dst``, the node writes the cache's first row (a stand-in for the token's row,
+#: which the Plan, shared by the positions of one padded KV length, does not know; the attention
+#: reading the cache still orders after it)
+ROW_WRITERS = frozenset({"ROPE_SET_ROWS", "SET_ROWS"})
+
+
 def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
     """``graph`` with each ``LLAMACPP_CHAINS`` pair as one node at the reader's position, writing
     its result; the removed producers' names."""
@@ -149,7 +156,8 @@ def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
             r = nodes[j]
             base = n if kept == "producer" else r
             fused = (*n.params.get("fused", ()), n.name, *r.params.get("fused", ()))
-            replace_at[j] = Node(r.name, base.op, srcs_of(n, r), r.outs, {**base.params, "fused": fused})
+            outs = (r.dst.slice(0, 0, 1),) if r.op in ROW_WRITERS else r.outs
+            replace_at[j] = Node(r.name, base.op, srcs_of(n, r), outs, {**base.params, "fused": fused})
             drop.add(i)
         graph = with_nodes(graph, [replace_at.get(k, n) for k, n in enumerate(nodes) if k not in drop])
         removed.extend(nodes[k].name for k in sorted(drop))
