@@ -410,13 +410,15 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
   rows (llama-3.2-1b: the output head and the unfused gate/up run slower than the fit) than on
   4096-wide ones (llama-3.1-8b: faster). The unfused mat-vecs dominate the fusion knob, so its
   effect is under-predicted on the 1B and over-predicted on the 8B model.
-* **Kernels llama.cpp runs that the simulated schedule lacks** (last table): on qwen3-next its
-  CONCAT / CPY / REPEAT kernels (the GDN conv state and head repeats) and extra GET_ROWS, on the MoE
-  models a separate GLU after unfused MoE gate / up mat-vecs (no MUL_MAT_ID_GLU), RMS_NORM+MUL+ROPE
-  and MUL+SUM_ROWS fusions the workbench has not, on gpt-oss unfused ROPE / SET_ROWS and
-  ARGSORT_TOP_K / SOFT_MAX (no rope-set-rows or topk-moe). These families stay unmatched in the fit
-  (their kernels get the base calibration's fits) and the simulator runs the workbench's kernels for
-  them: qwen3-next and gpt-oss are predicted fast.
+* **Kernels llama.cpp runs that the simulated schedule lacks** (last table): the schedule
+  (`llamacpp_schedule.py`) runs llama.cpp's kernel list on llama, qwen3-30b-a3b and gpt-oss (MoE
+  gate / up unfused with a separate GLU, RMS_NORM+MUL+ROPE(+SET_ROWS) and MUL+SUM_ROWS as one
+  kernel, gpt-oss's ROPE / SET_ROWS and ARGSORT_TOP_K / SOFT_MAX apart, the last layer's
+  inp_out_ids GET_ROWS, the unfused MoE expert sum as ADDs), but for qwen3-30b's router CLAMP
+  without fusion. On qwen3-next its GDN layers still differ: llama.cpp's CONCAT / CPY / REPEAT
+  kernels (the conv state and head repeats), the recurrent states' GET_ROWS and its merged
+  projections are not in the schedule; those families stay unmatched in the fit (the base
+  calibration's fits) and qwen3-next without fusion is predicted fast.
 * **FLASH_ATTN_EXT** is one fit over head sizes that differ (64 and 128 on llama, 256 on qwen3-next):
   too slow on llama, too fast on qwen3-next.
 """
@@ -425,10 +427,9 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
 def op_time_table(traces: Path, cal, held_out: set[str]) -> pd.DataFrame:
     """Per capture of a fitted model and ggml op, token 1's matched kernel time against the
     simulator's kernel cost under ``cal`` (``llamacpp_traces.matched_kernels``)."""
-    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_strategy
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
     from workbench.exec.calibrate.llamacpp_traces import matched_kernels, read_traces
     from workbench.exec.cost import kernel_cost
-    from workbench.strategy.steps import plan_for
 
     rows = []
     for t in read_traces(traces):
@@ -439,7 +440,7 @@ def op_time_table(traces: Path, cal, held_out: set[str]) -> pd.DataFrame:
             continue
         m = m[m["token"] == 1]
         cfg = t.config()
-        plan = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos + 1))
+        plan = llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + 1))
         pred = {la.node.name: kernel_cost(la.node, cal).duration_ns for la in plan.launches}
         for op, g in m.groupby("op"):
             c, p = g["exposed_ns"].sum() / 1e3, sum(pred[n] for n in g["node"]) / 1e3

@@ -61,7 +61,8 @@ PEER = ROOT / "data" / "bench" / "llamacpp_peer_v2_h200.jsonl"
 
 def test_shipped_calibration_predicts_the_untraced_runs_in_sample():
     """In-sample check of the shipped file (fitted on the H200 captures and the untraced peer
-    runs): llama-3.2-1b's captured configs within 10 % of llama.cpp's untraced us/token."""
+    runs): llama-3.2-1b's captured configs within 5 % of llama.cpp's untraced us/token (the
+    report committed before the schedule ran llama.cpp's kernel list had them within 5.3 %)."""
     from workbench.exec.calibrate.llamacpp_fit import simulated_us
 
     cal = load_calibration("h200-llamacpp")
@@ -70,7 +71,7 @@ def test_shipped_calibration_predicts_the_untraced_runs_in_sample():
     assert len(runs) == 5
     for t in runs:
         us = measured[("llama-3.2-1b", 16, t.config_label)]
-        assert simulated_us(t, cal)[0] == pytest.approx(us, rel=0.10), t.name
+        assert simulated_us(t, cal)[0] == pytest.approx(us, rel=0.05), t.name
 
 
 def test_fit_on_real_captures_and_untraced_runs(tmp_path):
@@ -118,8 +119,56 @@ def test_kernel_counts_compare_a_capture_with_the_schedule():
     t = next(t for t in read_traces(CAPTURES) if t.name == "llama-3.2-1b-L16_default")
     c = kernel_counts(t).set_index("family")
     assert (c.loc["mul_mat", ["captured", "simulated"]] == 97).all()  # llama.cpp's mat-vecs, fused as planned
-    # llama.cpp's inp_out_ids row selection: a GET_ROWS (and an ADD) the workbench graph has not
-    assert c.loc["get_rows", "captured"] == 2 and c.loc["get_rows", "simulated"] == 1
+    # llama.cpp's inp_out_ids row selection: a GET_ROWS (and an unfused ADD) the schedule adds
+    assert (c.loc["get_rows", ["captured", "simulated"]] == 2).all()
+    assert (c.loc["elementwise", ["captured", "simulated"]] == 1).all()
+
+
+#: (model, family) whose kernels per token the llama.cpp schedule does not reproduce yet, and why
+KNOWN_COUNT_GAPS = {
+    # the router weights' CLAMP before the DIV (build_moe_ffn): no CLAMP op in graph.ops
+    ("qwen3-30b-a3b", "no_fusion", "elementwise"),
+    # qwen3-next's GDN layers: llama.cpp's CONCAT/CPY/REPEAT of the conv input and Q/K heads, the
+    # recurrent states' GET_ROWS, its merged gate/up expert and qkvz projections and elementwise
+    # ops differ from the workbench's GDN graph; under GGML_CUDA_GRAPH_OPT its Q/K norm stays
+    # apart from the rope
+    *(("qwen3-next-80b-a3b", c, f) for c in ("default", "graph_opt", "pdl0", "no_graphs_pdl0")
+       for f in ("copy", "elementwise", "get_rows", "mul_mat")),
+    ("qwen3-next-80b-a3b", "graph_opt", "rope"),
+}
+
+
+def test_llamacpp_schedule_runs_the_captured_kernels_per_token():
+    """Per committed H200 capture and kernel family, the Plan the simulator runs under a llama.cpp
+    calibration has as many kernels per token as llama.cpp ran, but for ``KNOWN_COUNT_GAPS``."""
+    from workbench.exec.calibrate.llamacpp_traces import kernel_counts
+
+    gaps = set()
+    for t in read_traces(CAPTURES):
+        for r in kernel_counts(t).itertuples():
+            if r.captured != r.simulated:
+                gaps.add((t.model, t.config_label, r.family))
+    assert gaps == KNOWN_COUNT_GAPS
+
+
+def test_llamacpp_schedule_leaves_the_workbench_graph_alone():
+    """The llama.cpp schedule's extra and unfused kernels exist in its Plan only."""
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
+    from workbench.models import build_graph
+
+    cfg = preset("qwen3-30b-a3b", layers=2, context=512)
+    graph_before = [n.name for n in build_graph(cfg, 512).nodes]
+    fused = Strategy(graphs=True, fusion=FUSIONS)
+    ours = [la.node for la in plan_for(cfg, fused, 512).launches]
+    theirs = [la.node for la in llamacpp_plan(cfg, fused, 512).launches]
+    assert "MUL_MAT_ID_GLU" in {n.op for n in ours} and "MUL_MAT_ID_GLU" not in {n.op for n in theirs}
+    assert "attn_out-1_out_ids" in {n.name for n in theirs} and "attn_out-1_out_ids" not in {n.name for n in ours}
+    # Q/K norm + rope (+ the K cache row) one kernel each, as llama.cpp's rms_norm+mul+rope fusion
+    assert not {n.op for n in theirs} & {"ROPE", "ROPE_SET_ROWS"}
+    # without fusion the 8 experts are summed by 7 ADDs per layer, as build_moe_ffn adds them
+    unfused = llamacpp_plan(cfg, Strategy(graphs=True), 512).launches
+    assert sum(la.node.name.startswith("ffn_moe_out-0") and la.node.op == "ADD" for la in unfused) == 7
+    assert [n.name for n in build_graph(cfg, 512).nodes] == graph_before
 
 
 def test_kernels_match_plan_nodes_of_llamacpps_schedule():
@@ -255,7 +304,8 @@ def test_fit_recovers_the_simulators_own_kernel_costs(tmp_path):
             save_trace(Trace(ev, meta), tmp_path / f"{model}-L2_{config}.parquet")
     cal = fit_folder(tmp_path, json.loads((CALIBRATION_DIR / "h200.json").read_text()))
     fits = cal["measured"]["op_fits"]
-    assert {"MUL_MAT_ID_GLU", "TOPK_MOE", "GATED_DELTA_NET", "SSM_CONV"} <= {f["op"] for f in fits}
+    # llama.cpp runs the MoE gate and up apart (no MUL_MAT_ID_GLU in its schedule)
+    assert {"MUL_MAT_ID", "GLU", "TOPK_MOE", "GATED_DELTA_NET", "SSM_CONV"} <= {f["op"] for f in fits}
     assert max(f["median_rel_err"] for f in fits) < 0.01
     assert not cal["measured"]["unmatched"]
 

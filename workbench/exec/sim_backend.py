@@ -71,13 +71,10 @@ class SimBackend:
         opts: SimOptions = req.options
         cal = resolve_calibration(opts)
         plans = list(req.plans)
-        if cal.executor == "llamacpp":  # llama.cpp's kernel list: the fusions it applies under these switches
-            from ..strategy.steps import plans_for_steps
-            from .calibrate.llamacpp_schedule import llamacpp_strategy
+        if cal.executor == "llamacpp":  # llama.cpp's kernel list: its graph, fused as it fuses under these switches
+            from .calibrate.llamacpp_schedule import llamacpp_plans_for_steps
 
-            ran = llamacpp_strategy(req.strategy)
-            if ran != req.strategy:
-                plans = plans_for_steps(req.cfg, ran, len(plans), req.start_pos, cal.compute_capability)
+            plans = llamacpp_plans_for_steps(req.cfg, req.strategy, len(plans), req.start_pos, cal.compute_capability)
         if cal.compute_capability:
             req.strategy.validate(cal.compute_capability)
         req.report("simulate", 0, len(plans))

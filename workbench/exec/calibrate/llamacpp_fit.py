@@ -41,10 +41,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...strategy.steps import plan_for
 from ..calibration import Calibration, CalibrationError, parse_calibration
 from .kernel_fit import MIN_OP_KERNELS, fit_groups
-from .llamacpp_schedule import llamacpp_strategy
+from .llamacpp_schedule import llamacpp_plan
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
 from .tables import nan_median
 
@@ -310,7 +309,7 @@ def graph_stream_cost(traces: list[LlamaCppTrace]) -> tuple[float, str] | None:
         if a is None or t.strategy.streams == "single" or not t.strategy.graphs:
             continue
         cfg = t.config()
-        extra = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos)).n_streams - 1
+        extra = llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos)).n_streams - 1
         d = prelaunch_us(t) - prelaunch_us(a)
         if extra > 0 and d == d:
             per.append(max(0.0, d * 1e3 / extra))

@@ -1,17 +1,51 @@
-"""The Strategy llama.cpp really runs when it is given a Strategy's switches.
+"""The Plan llama.cpp really runs when it is given a Strategy's switches.
 
 llama.cpp cannot turn its fusions on one by one (``workbench.llamacpp.switches``): with
 ``GGML_CUDA_DISABLE_FUSION`` unset its whole fusion pass runs (rms_norm+mul(+add), mat-vec +
 bias / + GLU, rope+set_rows, add chains, top-k MoE), and the GDN state copy goes with it unless
 the peer patch keeps it. Simulating llama.cpp therefore plans the model under the fusion set
 llama.cpp applies, not the one the Strategy names; every other knob maps one to one.
+
+Its kernel list differs from the workbench graph's in two more ways, read from the CUPTI
+captures (``kernel_counts``) and modelled here, on a copy of the graph, for the llama.cpp
+schedule only (the workbench's own graphs and fusion passes are untouched):
+
+* fusions ``ggml_cuda_can_fuse`` does not form for a pattern: the MoE gate/up ``MUL_MAT_ID``
+  pair stays two kernels and a GLU (``UNFUSED_OPS``); gpt-oss keeps ROPE / SET_ROWS and its
+  top-k / softmax routing apart (``UNFUSED_BY_MODEL``);
+* the ``inp_out_ids`` row selection llama.cpp's builders put in the last layer (``OUT_IDS_MODELS``):
+  one GET_ROWS of the attention output, which also keeps that output's residual ADD apart;
+* fusions llama.cpp forms that have no op of their own here (every op in ``graph.ops.OPS`` has a
+  reference and a CUDA kernel of the workbench): RMS_NORM+MUL+ROPE(+SET_ROWS) of the Q/K norms
+  and the MoE MUL+SUM_ROWS are one kernel each, modelled as the op they extend reading the
+  absorbed node's operands too (``LLAMACPP_CHAINS``);
+* without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
+  (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``).
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 
-from ...strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
+from ...graph import Graph, Node
+from ...graph.tensor import Buffer, View, nbytes_of
+from ...models import ModelConfig, build_graph
+from ...strategy import FUSIONS, WORKBENCH_FUSIONS, Plan, Strategy, compile_plan
+from ...strategy.deps import accesses_by_buffer
+from ...strategy.fusion import PASSES
+from ...strategy.rewrite import output_buffers, sole_reader, stable_between, with_nodes
+from ...strategy.steps import config_key
+
+#: fused ops llama.cpp never forms (ggml_cuda_can_fuse has no MoE gate/up + GLU mat-vec)
+UNFUSED_OPS = frozenset({"MUL_MAT_ID_GLU"})
+#: per HF ``model_type``: fused ops llama.cpp does not form for that model's op pattern
+UNFUSED_BY_MODEL: dict[str, frozenset[str]] = {
+    "gpt_oss": frozenset({"ROPE_SET_ROWS", "TOPK_MOE"}),
+}
+#: HF ``model_type`` -> the last layer's attention output node llama.cpp's builder selects the
+#: output rows of (``ggml_get_rows(cur, inp_out_ids)``) before the residual ADD
+OUT_IDS_MODELS: dict[str, str] = {"llama": "attn_out", "qwen3_moe": "attn_out"}
 
 
 def llamacpp_strategy(strategy: Strategy) -> Strategy:
@@ -22,3 +56,173 @@ def llamacpp_strategy(strategy: Strategy) -> Strategy:
         return replace(strategy, fusion=frozenset())
     full = set(FUSIONS) - set(WORKBENCH_FUSIONS) - {"copy-elim"} | (strategy.fusion & {"copy-elim"})
     return replace(strategy, fusion=frozenset(full))
+
+
+def model_type(cfg: ModelConfig) -> str:
+    return str(cfg.hf.get("model_type", ""))
+
+
+def select_output_rows(graph: Graph, cfg: ModelConfig) -> Graph:
+    """``graph`` with llama.cpp's ``inp_out_ids`` GET_ROWS after the last layer's attention
+    output (models in ``OUT_IDS_MODELS``): one row of the f32 output, indexed by a one-element
+    i32 index; its readers read the selected row."""
+    stem = OUT_IDS_MODELS.get(model_type(cfg))
+    if stem is None:
+        return graph
+    name = f"{stem}-{cfg.n_layer - 1}"
+    nodes = list(graph.nodes)
+    i = next((k for k, n in enumerate(nodes) if n.name == name), None)
+    if i is None:
+        raise ValueError(f"llama.cpp schedule: {cfg.name} has no node {name!r} to select the output rows of; "
+                         f"update OUT_IDS_MODELS in {__name__} to the model's attention output node")
+    src = nodes[i].dst
+    ids = View.of(Buffer("inp_out_ids", nbytes_of((1,), "i32"), "const"), (1,), "i32")
+    out = View.of(Buffer(f"{name}_out_ids", src.nbytes, "act"), src.shape, src.dtype)
+    sel = Node(f"{name}_out_ids", "GET_ROWS", (src, ids), (out,))
+    rest = [replace(n, srcs=tuple(out if s == src else s for s in n.srcs)) for n in nodes[i + 1:]]
+    g = with_nodes(graph, [*nodes[:i + 1], sel, *rest])
+    return replace(g, consts={**graph.consts, "inp_out_ids": ids})
+
+
+#: our MoE builders' SUM_ROWS over the weighted expert outputs (``ffn_moe_out-<layer>``)
+EXPERT_SUM = "ffn_moe_out"
+
+
+def expert_sum_as_adds(graph: Graph) -> Graph:
+    """``graph`` with each MoE expert sum (``EXPERT_SUM``: SUM_ROWS over the transposed
+    ``[n_used, n_embd]`` weighted outputs) as llama.cpp's unfused chain of ADDs of one expert's
+    row each, the last writing the sum's result."""
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        if n.op != "SUM_ROWS" or not n.name.startswith(EXPERT_SUM):
+            nodes.append(n)
+            continue
+        src = n.srcs[0]
+        n_embd, n_used = src.shape
+        rows = View.of(src.buffer, (n_used, n_embd), src.dtype, src.offset)
+        acc = rows.slice(0, 0, 1)
+        for e in range(1, n_used):
+            out = n.dst if e == n_used - 1 else View.of(
+                Buffer(f"{n.name}_add{e}", nbytes_of((1, n_embd), "f32"), "act"), (1, n_embd), "f32")
+            nodes.append(Node(f"{n.name}_add{e}" if e < n_used - 1 else n.name, "ADD",
+                              (acc, rows.slice(0, e, e + 1)), (out,)))
+            acc = out
+    return with_nodes(graph, nodes)
+
+
+def _norm_rope_srcs(norm: Node, rope: Node) -> tuple[View, ...]:
+    """The norm's input and weight, then the rope's positions, frequencies (and cache rows)."""
+    return (*norm.srcs, *rope.srcs[1:])
+
+
+def _mul_sum_rows_srcs(mul: Node, sum_rows: Node) -> tuple[View, ...]:
+    """The product's operands, the first laid out as the sum reads the product (its rows summed)."""
+    a, b = mul.srcs
+    return (a.permute(*range(len(a.shape))[::-1]) if sum_rows.srcs[0].strides != mul.dst.strides else a, b)
+
+
+#: llama.cpp's fused chains without an op of their own: (producer op, reader ops, the op the
+#: kernel is modelled as: "producer" or "reader", sources of the merged node); the producer
+#: must be read by that reader only
+LLAMACPP_CHAINS = (
+    ("RMS_NORM_MUL", ("ROPE", "ROPE_SET_ROWS"), "producer", _norm_rope_srcs),   # rms_norm + mul + rope (+ set_rows)
+    ("MUL", ("SUM_ROWS",), "reader", _mul_sum_rows_srcs),                        # MoE: weights x experts, summed
+)
+
+
+#: readers that write one row of a cache (its ``dst`` is the whole cache): merged into an op that
+#: counts its whole ``dst``, the node writes the cache's first row (a stand-in for the token's row,
+#: which the Plan, shared by the positions of one padded KV length, does not know; the attention
+#: reading the cache still orders after it)
+ROW_WRITERS = frozenset({"ROPE_SET_ROWS", "SET_ROWS"})
+
+
+def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
+    """``graph`` with each ``LLAMACPP_CHAINS`` pair as one node at the reader's position, writing
+    its result; the removed producers' names."""
+    removed: list[str] = []
+    for producer, readers, kept, srcs_of in LLAMACPP_CHAINS:
+        nodes = graph.nodes
+        index = accesses_by_buffer(nodes)
+        outputs = output_buffers(graph)
+        replace_at: dict[int, Node] = {}
+        drop: set[int] = set()
+        for i, n in enumerate(nodes):
+            if n.op != producer:
+                continue
+            j = sole_reader(nodes, index, outputs, i)
+            if j is None or nodes[j].op not in readers or j in replace_at or not stable_between(index, n.srcs, i, j):
+                continue
+            r = nodes[j]
+            base = n if kept == "producer" else r
+            fused = (*n.params.get("fused", ()), n.name, *r.params.get("fused", ()))
+            outs = (r.dst.slice(0, 0, 1),) if r.op in ROW_WRITERS else r.outs
+            replace_at[j] = Node(r.name, base.op, srcs_of(n, r), outs, {**base.params, "fused": fused})
+            drop.add(i)
+        graph = with_nodes(graph, [replace_at.get(k, n) for k, n in enumerate(nodes) if k not in drop])
+        removed.extend(nodes[k].name for k in sorted(drop))
+    return graph, removed
+
+
+def _unfuse(before: Graph, after: Graph, ops: frozenset[str]) -> tuple[Graph, set[str]]:
+    """``after`` (one fusion pass over ``before``) with every fused node of ``ops`` put back as
+    the nodes it absorbed and its own; the names put back."""
+    by_name = {n.name: n for n in before.nodes}
+    nodes, back = [], set()
+    for n in after.nodes:
+        if n.op not in ops:
+            nodes.append(n)
+            continue
+        absorbed = [by_name[a] for a in n.params.get("fused", ())]
+        nodes.extend(sorted(absorbed, key=before.nodes.index))
+        nodes.append(by_name[n.name])
+        back.update(a.name for a in absorbed)
+    return with_nodes(after, nodes), back
+
+
+def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig) -> tuple[Graph, list[str]]:
+    """The Strategy fusion passes of ``fusion`` (PASSES order) with the fused ops llama.cpp does
+    not form for ``cfg`` undone; the graph and the removed node names."""
+    keep_apart = UNFUSED_OPS | UNFUSED_BY_MODEL.get(model_type(cfg), frozenset())
+    removed: list[str] = []
+    for name, fn in PASSES.items():
+        if name in fusion:
+            fused, gone = fn(graph)
+            fused, back = _unfuse(graph, fused, keep_apart)
+            graph = fused
+            removed.extend(g for g in gone if g not in back)
+    return graph, removed
+
+
+def llamacpp_graph(cfg: ModelConfig, n_kv: int) -> Graph:
+    """The workbench graph of one step with llama.cpp's extra kernels (``select_output_rows``)."""
+    return select_output_rows(build_graph(cfg, n_kv), cfg)
+
+
+@lru_cache(maxsize=64)
+def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc: tuple[int, int] | None) -> Plan:
+    ran = llamacpp_strategy(strategy)
+    graph = llamacpp_graph(cfg, n_kv)
+    if not ran.fusion - {"copy-elim"}:
+        graph = expert_sum_as_adds(graph)
+    graph, removed = llamacpp_fusions(graph, ran.fusion, cfg)
+    if ran.fusion - {"copy-elim"}:
+        graph, merged = merge_chains(graph)
+        removed += merged
+    plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
+    return replace(plan, strategy=ran, removed=removed)
+
+
+def llamacpp_plan(cfg: ModelConfig, strategy: Strategy, n_kv: int | None = None,
+                  device_cc: tuple[int, int] | None = None) -> Plan:
+    """The Plan of llama.cpp's schedule for one step over ``n_kv`` rows (default: the whole
+    context): llama.cpp's graph, fused as llama.cpp fuses it under ``strategy``'s switches."""
+    n_kv = cfg.context if n_kv is None else n_kv
+    return _plan((config_key(cfg), strategy, n_kv, device_cc), cfg, strategy, n_kv,
+                 tuple(device_cc) if device_cc else None)
+
+
+def llamacpp_plans_for_steps(cfg: ModelConfig, strategy: Strategy, n_tokens: int, start_pos: int = 0,
+                             device_cc: tuple[int, int] | None = None) -> list[Plan]:
+    """One llama.cpp Plan per decode step from ``start_pos`` (steps of one padded KV length share one)."""
+    return [llamacpp_plan(cfg, strategy, cfg.kv_len(start_pos + s), device_cc) for s in range(n_tokens)]

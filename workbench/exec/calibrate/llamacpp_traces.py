@@ -4,7 +4,7 @@ A trace recorded through the ``llamacpp`` backend with ``trace`` (``benchmarks/
 llamacpp_capture.py``) names each kernel by the ggml op it computes (``op``, ``+``-joined for a
 fusion) and carries in its meta the model, layers, context, first position and Strategy it
 ran. Its kernels carry no Plan node, so they are matched to the nodes of the Plan of llama.cpp's
-schedule (``llamacpp_strategy``) per token and per kernel family, in launch order: where a token
+schedule (``llamacpp_plan``) per token and per kernel family, in launch order: where a token
 has as many kernels of a family as the Plan has nodes, the i-th kernel is the i-th node; where
 not (llama.cpp runs a kernel the workbench graph has not, e.g. the ``inp_out_ids`` row
 selection), the family is left unmatched in that token and its kernel time reported.
@@ -22,11 +22,10 @@ import pandas as pd
 
 from ...models import preset
 from ...strategy import Strategy
-from ...strategy.steps import plan_for
 from ...trace import Trace
 from ..calibration import Calibration
 from ..cost import kernel_cost, kernel_name
-from .llamacpp_schedule import llamacpp_strategy
+from .llamacpp_schedule import llamacpp_plan
 
 #: trace file suffixes read from a folder
 TRACE_SUFFIXES = (".parquet", ".json.gz", ".json")
@@ -160,13 +159,12 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
     ``roofline_ns`` on ``cal``'s device (alone, at its cap). Unmatched: per token and family,
     the kernels no node took and their exposed time."""
     cfg = t.config()
-    strategy = llamacpp_strategy(t.strategy)
     dev = device_calibration(cal)
     ev = t.trace.events
     kern = ev[(ev["kind"] == "kernel") & (ev["token"] >= 0)]
     matched, unmatched = [], []
     for token, k in kern.groupby("token"):
-        plan = plan_for(cfg, strategy, cfg.kv_len(t.start_pos + int(token)))
+        plan = llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + int(token)))
         nodes = [la.node for la in plan.launches]
         groups = _kernel_groups(k)
         for fam, g in groups.groupby("family", sort=False):
@@ -193,7 +191,7 @@ def kernel_counts(t: LlamaCppTrace, token: int = 1) -> pd.DataFrame:
     (its ops). Where the counts differ, llama.cpp's fusion set or graph differs from the
     workbench's for that family (and the fit leaves the family unmatched in that trace)."""
     cfg = t.config()
-    plan = plan_for(cfg, llamacpp_strategy(t.strategy), cfg.kv_len(t.start_pos + token))
+    plan = llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + token))
     ev = t.trace.events
     groups = _kernel_groups(ev[(ev["kind"] == "kernel") & (ev["token"] == token)])
     fams = sorted(set(groups["family"]) | {la.node.family for la in plan.launches})
