@@ -105,18 +105,6 @@ def test_quantized_weights_are_left_alone():
         assert apply_fusions(g, {fusion})[1] == [], fusion
 
 
-@pytest.mark.parametrize("model,fusion", CASES)
-def test_fusion_alone_keeps_the_reference_logits(model, fusion):
-    cfg = preset(model, context=16)
-    weights = random_weights(build_graph(cfg), 0)
-    tokens = [3, 17, 250, 9]
-    base = run_reference(cfg, weights, tokens).logits
-    s = Strategy(fusion=frozenset({fusion}))
-    got = run_reference(cfg, weights, tokens,
-                        graph_for=lambda pos: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
-    np.testing.assert_array_equal(got, base)
-
-
 @pytest.mark.parametrize("model", TINY_PRESETS)
 def test_both_with_llamacpps_set_keep_the_reference_logits(model):
     cfg = preset(model, context=16)

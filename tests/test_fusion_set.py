@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from test_fusion_ours import CASES as OURS_CASES  # noqa: E402  (tests/ is on sys.path)
 
 from workbench.exec import cuda_ops
 from workbench.exec.calibration import load_calibration
@@ -98,8 +99,9 @@ def test_full_set_combines_the_fusions():
         assert all(n.op in OPS for n in fused.nodes)
 
 
-@pytest.mark.parametrize("model,fusion", CASES)
+@pytest.mark.parametrize("model,fusion", CASES + OURS_CASES)
 def test_fusion_alone_keeps_the_reference_logits(model, fusion):
+    """Each fusion alone, llama.cpp's and ours (test_fusion_ours.CASES), keeps the logits exactly."""
     cfg = preset(model, context=16)
     weights = random_weights(build_graph(cfg), 0)
     tokens = [3, 17, 250, 9]
