@@ -20,7 +20,8 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
   and the MoE MUL+SUM_ROWS are one kernel each, modelled as the op they extend reading the
   absorbed node's operands too (``LLAMACPP_CHAINS``);
 * without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
-  (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``).
+  (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``), and the expert weights' sum
+  is clamped before the DIV (``clamp_expert_weight_sum``).
 """
 
 from __future__ import annotations
@@ -107,6 +108,31 @@ def expert_sum_as_adds(graph: Graph) -> Graph:
             nodes.append(Node(f"{n.name}_add{e}" if e < n_used - 1 else n.name, "ADD",
                               (acc, rows.slice(0, e, e + 1)), (out,)))
             acc = out
+    return with_nodes(graph, nodes)
+
+
+#: our MoE builders' SUM_ROWS of the chosen expert weights (``ffn_moe_weights_sum-<layer>``)
+WEIGHT_SUM = "ffn_moe_weights_sum"
+#: the op standing in for ggml's CLAMP (no op of the workbench): a unary element-wise kernel over
+#: the same bytes; the node's ``ggml_op`` param names the kernel llama.cpp runs
+CLAMP_AS = "SCALE"
+
+
+def clamp_expert_weight_sum(graph: Graph) -> Graph:
+    """``graph`` with llama.cpp's ``ggml_clamp`` of each MoE expert weight sum before the DIV
+    (``build_moe_ffn``: ``ffn_moe_weights_sum_clamped``, unfused schedule only: fused, the
+    top-k MoE kernel absorbs it), modelled as a ``CLAMP_AS`` node of the sum's bytes."""
+    nodes: list[Node] = []
+    swap: dict[View, View] = {}
+    for n in graph.nodes:
+        if swap:
+            n = replace(n, srcs=tuple(swap.get(s, s) for s in n.srcs))
+        nodes.append(n)
+        if n.op == "SUM_ROWS" and n.name.startswith(WEIGHT_SUM):
+            name = n.name.replace(WEIGHT_SUM, f"{WEIGHT_SUM}_clamped", 1)
+            out = View.of(Buffer(name, n.dst.nbytes, "act"), n.dst.shape, n.dst.dtype)
+            nodes.append(Node(name, CLAMP_AS, (n.dst,), (out,), {"ggml_op": "CLAMP"}))
+            swap[n.dst] = out
     return with_nodes(graph, nodes)
 
 
@@ -204,7 +230,7 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
     ran = llamacpp_strategy(strategy)
     graph = llamacpp_graph(cfg, n_kv)
     if not ran.fusion - {"copy-elim"}:
-        graph = expert_sum_as_adds(graph)
+        graph = clamp_expert_weight_sum(expert_sum_as_adds(graph))
     graph, removed = llamacpp_fusions(graph, ran.fusion, cfg)
     if ran.fusion - {"copy-elim"}:
         graph, merged = merge_chains(graph)
