@@ -21,7 +21,9 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
   absorbed node's operands too (``LLAMACPP_CHAINS``);
 * without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
   (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``), and the expert weights' sum
-  is clamped before the DIV (``clamp_expert_weight_sum``).
+  is clamped before the DIV (``clamp_expert_weight_sum``);
+* Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
+  REPEAT and merged projections (``llamacpp_gdn``).
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ from ...strategy.deps import accesses_by_buffer
 from ...strategy.fusion import PASSES
 from ...strategy.rewrite import output_buffers, sole_reader, stable_between, with_nodes
 from ...strategy.steps import config_key
+from .llamacpp_gdn import GDN_MODELS, gdn_as_llamacpp
 
 #: fused ops llama.cpp never forms (ggml_cuda_can_fuse has no MoE gate/up + GLU mat-vec)
 UNFUSED_OPS = frozenset({"MUL_MAT_ID_GLU"})
@@ -44,6 +47,9 @@ UNFUSED_OPS = frozenset({"MUL_MAT_ID_GLU"})
 UNFUSED_BY_MODEL: dict[str, frozenset[str]] = {
     "gpt_oss": frozenset({"ROPE_SET_ROWS", "TOPK_MOE"}),
 }
+#: per HF ``model_type``: fused ops llama.cpp forms for that model although ``UNFUSED_OPS`` lists
+#: them (qwen3-next's merged ``gate_up_exps`` mat-vec takes its GLU, as its captures show)
+FUSED_BY_MODEL: dict[str, frozenset[str]] = {"qwen3_next": frozenset({"MUL_MAT_ID_GLU"})}
 #: HF ``model_type`` -> the last layer's attention output node llama.cpp's builder selects the
 #: output rows of (``ggml_get_rows(cur, inp_out_ids)``) before the residual ADD
 OUT_IDS_MODELS: dict[str, str] = {"llama": "attn_out", "qwen3_moe": "attn_out"}
@@ -209,7 +215,8 @@ def _unfuse(before: Graph, after: Graph, ops: frozenset[str]) -> tuple[Graph, se
 def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig) -> tuple[Graph, list[str]]:
     """The Strategy fusion passes of ``fusion`` (PASSES order) with the fused ops llama.cpp does
     not form for ``cfg`` undone; the graph and the removed node names."""
-    keep_apart = UNFUSED_OPS | UNFUSED_BY_MODEL.get(model_type(cfg), frozenset())
+    mt = model_type(cfg)
+    keep_apart = (UNFUSED_OPS - FUSED_BY_MODEL.get(mt, frozenset())) | UNFUSED_BY_MODEL.get(mt, frozenset())
     removed: list[str] = []
     for name, fn in PASSES.items():
         if name in fusion:
@@ -235,6 +242,8 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
     if ran.fusion - {"copy-elim"}:
         graph, merged = merge_chains(graph)
         removed += merged
+    if model_type(cfg) in GDN_MODELS:
+        graph = gdn_as_llamacpp(graph, fused=bool(ran.fusion - {"copy-elim"}))
     plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
     return replace(plan, strategy=ran, removed=removed)
 
