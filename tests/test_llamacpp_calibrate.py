@@ -165,6 +165,30 @@ def test_llamacpp_schedule_leaves_the_workbench_graph_alone():
     assert [n.name for n in build_graph(cfg, 512).nodes] == graph_before
 
 
+def test_llamacpp_gdn_schedule_runs_llamacpps_state_kernels():
+    """Qwen3-Next's GDN layers in llama.cpp's schedule only: per layer two state GET_ROWS, the
+    conv state's CONCAT and CPY, two Q/K REPEATs and the beta CONT (copy-family stand-ins named by
+    their ggml op), one merged wqkv mat-vec; without fusion the L2 norms as RMS_NORM + SCALE."""
+    from collections import Counter
+
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
+    from workbench.models import build_graph
+
+    cfg = preset("qwen3-next-80b-a3b", layers=1, context=512)
+    graph_before = [n.name for n in build_graph(cfg, 512).nodes]
+    for s in (Strategy(graphs=True, fusion=FUSED), Strategy(graphs=True)):
+        nodes = [la.node for la in llamacpp_plan(cfg, s, 512).launches]
+        copies = Counter(n.params.get("ggml_op", n.op) for n in nodes if n.family == "copy")
+        assert copies["CONCAT"] == 1 and copies["REPEAT"] == 2 and copies["CONT"] == 1
+        assert copies["CPY"] == (1 if s.fusion else 2)  # + the SSM state's store without fusion
+        assert sum(n.op == "GET_ROWS" and n.name.endswith("states-0") for n in nodes) == 2
+        assert "linear_attn_qkv_mixed-0" in {n.name for n in nodes} and "linear_attn_v-0" not in {n.name for n in nodes}
+        norms = Counter(n.op for n in nodes if n.name.startswith(("q_conv_normed", "k_conv_normed")))
+        assert norms == (Counter(L2_NORM=2) if s.fusion else Counter(RMS_NORM=2, SCALE=2))
+    assert [n.name for n in build_graph(cfg, 512).nodes] == graph_before
+    assert "linear_attn_v-0" in graph_before
+
+
 def test_kernels_match_plan_nodes_of_llamacpps_schedule():
     t = next(t for t in read_traces(TRACES) if t.name.endswith("_graphs"))
     m, unmatched = matched_kernels(t, load_calibration("h200"))
