@@ -415,8 +415,8 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
   rows) to -8 % (-16 % at 32k) and, with qwen3-next held out, lose a cell; not shipped. A per-row
   (per-block) cost term beside the roofline is the likelier fix.
 * **Kernels llama.cpp runs**: the schedule (`llamacpp_schedule.py`, `llamacpp_gdn.py`) runs
-  llama.cpp's kernel list on every captured config (last table) but qwen3-next under
-  GGML_CUDA_GRAPH_OPT (its Q/K norms stay RMS_NORM, MUL apart from the ROPE there): MoE gate / up
+  llama.cpp's kernel list on every captured config (last table; qwen3-next's Q/K norms stay
+  RMS_NORM, MUL apart from the ROPE under GGML_CUDA_GRAPH_OPT): MoE gate / up
   unfused with a separate GLU (merged `gate_up_exps` on qwen3-next, with its GLU fused),
   RMS_NORM+MUL+ROPE(+SET_ROWS) and MUL+SUM_ROWS as one kernel, gpt-oss's ROPE / SET_ROWS and
   ARGSORT_TOP_K / SOFT_MAX apart, the last layer's inp_out_ids GET_ROWS, the unfused MoE expert

@@ -124,12 +124,8 @@ def test_kernel_counts_compare_a_capture_with_the_schedule():
     assert (c.loc["elementwise", ["captured", "simulated"]] == 1).all()
 
 
-#: (model, family) whose kernels per token the llama.cpp schedule does not reproduce yet, and why
-KNOWN_COUNT_GAPS = {
-    # qwen3-next under GGML_CUDA_GRAPH_OPT: its Q/K norms stay RMS_NORM + MUL apart from the rope
-    ("qwen3-next-80b-a3b", "graph_opt", "elementwise"),
-    ("qwen3-next-80b-a3b", "graph_opt", "rope"),
-}
+#: (model, config, family) whose kernels per token the llama.cpp schedule does not reproduce: none
+KNOWN_COUNT_GAPS: set[tuple[str, str, str]] = set()
 
 
 def test_llamacpp_schedule_runs_the_captured_kernels_per_token():

@@ -22,6 +22,8 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
 * without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
   (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``), and the expert weights' sum
   is clamped before the DIV (``clamp_expert_weight_sum``);
+* under GGML_CUDA_GRAPH_OPT, Qwen3-Next's Q/K norms stay RMS_NORM and MUL, apart from the rope
+  (``split_norms_before_rope``);
 * Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
   REPEAT and merged projections (``llamacpp_gdn``).
 """
@@ -169,6 +171,31 @@ LLAMACPP_CHAINS = (
 ROW_WRITERS = frozenset({"ROPE_SET_ROWS", "SET_ROWS"})
 
 
+#: HF ``model_type``s whose Q/K norm llama.cpp leaves as RMS_NORM and MUL, apart from the rope,
+#: under GGML_CUDA_GRAPH_OPT (``streams="qkv"`` under graphs): its reordering for the Q/K/V
+#: streams breaks the fusion's adjacency there (the qwen3-next captures; qwen3-30b's keep it)
+NORM_APART_UNDER_GRAPH_OPT = frozenset({"qwen3_next"})
+
+
+def split_norms_before_rope(graph: Graph) -> Graph:
+    """``graph`` with each RMS_NORM_MUL read only by a ROPE / ROPE_SET_ROWS as its RMS_NORM and
+    MUL again (the latter keeps the node's name and result)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    out: list[Node] = []
+    for i, n in enumerate(nodes):
+        j = sole_reader(nodes, index, outputs, i) if n.op == "RMS_NORM_MUL" else None
+        if j is None or nodes[j].op not in ("ROPE", "ROPE_SET_ROWS"):
+            out.append(n)
+            continue
+        x, w = n.srcs
+        rms = View.of(Buffer(f"{n.name}_rms", n.dst.nbytes, "act"), n.dst.shape, n.dst.dtype)
+        params = {k: v for k, v in n.params.items() if k != "fused"}
+        out += [Node(f"{n.name}_rms", "RMS_NORM", (x,), (rms,), params), Node(n.name, "MUL", (rms, w), n.outs)]
+    return with_nodes(graph, out)
+
+
 def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
     """``graph`` with each ``LLAMACPP_CHAINS`` pair as one node at the reader's position, writing
     its result; the removed producers' names."""
@@ -240,6 +267,8 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
         graph = clamp_expert_weight_sum(expert_sum_as_adds(graph))
     graph, removed = llamacpp_fusions(graph, ran.fusion, cfg)
     if ran.fusion - {"copy-elim"}:
+        if ran.graphs and ran.streams == "qkv" and model_type(cfg) in NORM_APART_UNDER_GRAPH_OPT:
+            graph = split_norms_before_rope(graph)
         graph, merged = merge_chains(graph)
         removed += merged
     if model_type(cfg) in GDN_MODELS:
