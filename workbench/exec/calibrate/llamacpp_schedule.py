@@ -20,7 +20,12 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
   and the MoE MUL+SUM_ROWS are one kernel each, modelled as the op they extend reading the
   absorbed node's operands too (``LLAMACPP_CHAINS``);
 * without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
-  (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``).
+  (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``), and the expert weights' sum
+  is clamped before the DIV (``clamp_expert_weight_sum``);
+* under GGML_CUDA_GRAPH_OPT, Qwen3-Next's Q/K norms stay RMS_NORM and MUL, apart from the rope
+  (``split_norms_before_rope``);
+* Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
+  REPEAT and merged projections (``llamacpp_gdn``).
 """
 
 from __future__ import annotations
@@ -36,6 +41,7 @@ from ...strategy.deps import accesses_by_buffer
 from ...strategy.fusion import PASSES
 from ...strategy.rewrite import output_buffers, sole_reader, stable_between, with_nodes
 from ...strategy.steps import config_key
+from .llamacpp_gdn import GDN_MODELS, gdn_as_llamacpp
 
 #: fused ops llama.cpp never forms (ggml_cuda_can_fuse has no MoE gate/up + GLU mat-vec)
 UNFUSED_OPS = frozenset({"MUL_MAT_ID_GLU"})
@@ -43,6 +49,9 @@ UNFUSED_OPS = frozenset({"MUL_MAT_ID_GLU"})
 UNFUSED_BY_MODEL: dict[str, frozenset[str]] = {
     "gpt_oss": frozenset({"ROPE_SET_ROWS", "TOPK_MOE"}),
 }
+#: per HF ``model_type``: fused ops llama.cpp forms for that model although ``UNFUSED_OPS`` lists
+#: them (qwen3-next's merged ``gate_up_exps`` mat-vec takes its GLU, as its captures show)
+FUSED_BY_MODEL: dict[str, frozenset[str]] = {"qwen3_next": frozenset({"MUL_MAT_ID_GLU"})}
 #: HF ``model_type`` -> the last layer's attention output node llama.cpp's builder selects the
 #: output rows of (``ggml_get_rows(cur, inp_out_ids)``) before the residual ADD
 OUT_IDS_MODELS: dict[str, str] = {"llama": "attn_out", "qwen3_moe": "attn_out"}
@@ -110,6 +119,31 @@ def expert_sum_as_adds(graph: Graph) -> Graph:
     return with_nodes(graph, nodes)
 
 
+#: our MoE builders' SUM_ROWS of the chosen expert weights (``ffn_moe_weights_sum-<layer>``)
+WEIGHT_SUM = "ffn_moe_weights_sum"
+#: the op standing in for ggml's CLAMP (no op of the workbench): a unary element-wise kernel over
+#: the same bytes; the node's ``ggml_op`` param names the kernel llama.cpp runs
+CLAMP_AS = "SCALE"
+
+
+def clamp_expert_weight_sum(graph: Graph) -> Graph:
+    """``graph`` with llama.cpp's ``ggml_clamp`` of each MoE expert weight sum before the DIV
+    (``build_moe_ffn``: ``ffn_moe_weights_sum_clamped``, unfused schedule only: fused, the
+    top-k MoE kernel absorbs it), modelled as a ``CLAMP_AS`` node of the sum's bytes."""
+    nodes: list[Node] = []
+    swap: dict[View, View] = {}
+    for n in graph.nodes:
+        if swap:
+            n = replace(n, srcs=tuple(swap.get(s, s) for s in n.srcs))
+        nodes.append(n)
+        if n.op == "SUM_ROWS" and n.name.startswith(WEIGHT_SUM):
+            name = n.name.replace(WEIGHT_SUM, f"{WEIGHT_SUM}_clamped", 1)
+            out = View.of(Buffer(name, n.dst.nbytes, "act"), n.dst.shape, n.dst.dtype)
+            nodes.append(Node(name, CLAMP_AS, (n.dst,), (out,), {"ggml_op": "CLAMP"}))
+            swap[n.dst] = out
+    return with_nodes(graph, nodes)
+
+
 def _norm_rope_srcs(norm: Node, rope: Node) -> tuple[View, ...]:
     """The norm's input and weight, then the rope's positions, frequencies (and cache rows)."""
     return (*norm.srcs, *rope.srcs[1:])
@@ -135,6 +169,31 @@ LLAMACPP_CHAINS = (
 #: which the Plan, shared by the positions of one padded KV length, does not know; the attention
 #: reading the cache still orders after it)
 ROW_WRITERS = frozenset({"ROPE_SET_ROWS", "SET_ROWS"})
+
+
+#: HF ``model_type``s whose Q/K norm llama.cpp leaves as RMS_NORM and MUL, apart from the rope,
+#: under GGML_CUDA_GRAPH_OPT (``streams="qkv"`` under graphs): its reordering for the Q/K/V
+#: streams breaks the fusion's adjacency there (the qwen3-next captures; qwen3-30b's keep it)
+NORM_APART_UNDER_GRAPH_OPT = frozenset({"qwen3_next"})
+
+
+def split_norms_before_rope(graph: Graph) -> Graph:
+    """``graph`` with each RMS_NORM_MUL read only by a ROPE / ROPE_SET_ROWS as its RMS_NORM and
+    MUL again (the latter keeps the node's name and result)."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    out: list[Node] = []
+    for i, n in enumerate(nodes):
+        j = sole_reader(nodes, index, outputs, i) if n.op == "RMS_NORM_MUL" else None
+        if j is None or nodes[j].op not in ("ROPE", "ROPE_SET_ROWS"):
+            out.append(n)
+            continue
+        x, w = n.srcs
+        rms = View.of(Buffer(f"{n.name}_rms", n.dst.nbytes, "act"), n.dst.shape, n.dst.dtype)
+        params = {k: v for k, v in n.params.items() if k != "fused"}
+        out += [Node(f"{n.name}_rms", "RMS_NORM", (x,), (rms,), params), Node(n.name, "MUL", (rms, w), n.outs)]
+    return with_nodes(graph, out)
 
 
 def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
@@ -183,7 +242,8 @@ def _unfuse(before: Graph, after: Graph, ops: frozenset[str]) -> tuple[Graph, se
 def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig) -> tuple[Graph, list[str]]:
     """The Strategy fusion passes of ``fusion`` (PASSES order) with the fused ops llama.cpp does
     not form for ``cfg`` undone; the graph and the removed node names."""
-    keep_apart = UNFUSED_OPS | UNFUSED_BY_MODEL.get(model_type(cfg), frozenset())
+    mt = model_type(cfg)
+    keep_apart = (UNFUSED_OPS - FUSED_BY_MODEL.get(mt, frozenset())) | UNFUSED_BY_MODEL.get(mt, frozenset())
     removed: list[str] = []
     for name, fn in PASSES.items():
         if name in fusion:
@@ -204,11 +264,15 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
     ran = llamacpp_strategy(strategy)
     graph = llamacpp_graph(cfg, n_kv)
     if not ran.fusion - {"copy-elim"}:
-        graph = expert_sum_as_adds(graph)
+        graph = clamp_expert_weight_sum(expert_sum_as_adds(graph))
     graph, removed = llamacpp_fusions(graph, ran.fusion, cfg)
     if ran.fusion - {"copy-elim"}:
+        if ran.graphs and ran.streams == "qkv" and model_type(cfg) in NORM_APART_UNDER_GRAPH_OPT:
+            graph = split_norms_before_rope(graph)
         graph, merged = merge_chains(graph)
         removed += merged
+    if model_type(cfg) in GDN_MODELS:
+        graph = gdn_as_llamacpp(graph, fused=bool(ran.fusion - {"copy-elim"}))
     plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
     return replace(plan, strategy=ran, removed=removed)
 

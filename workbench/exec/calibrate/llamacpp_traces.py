@@ -188,8 +188,9 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
 def kernel_counts(t: LlamaCppTrace, token: int = 1) -> pd.DataFrame:
     """Kernels per family in one token: the capture's (helpers merged into their kernel, the
     ggml ops llama.cpp named them by) beside the Plan of llama.cpp's schedule the simulator runs
-    (its ops). Where the counts differ, llama.cpp's fusion set or graph differs from the
-    workbench's for that family (and the fit leaves the family unmatched in that trace)."""
+    (its ops, by the ggml op a stand-in node names). Where the counts differ, llama.cpp's fusion
+    set or graph differs from the workbench's for that family (and the fit leaves the family
+    unmatched in that trace)."""
     cfg = t.config()
     plan = llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + token))
     ev = t.trace.events
@@ -198,7 +199,7 @@ def kernel_counts(t: LlamaCppTrace, token: int = 1) -> pd.DataFrame:
     rows = []
     for fam in fams:
         g = groups[groups["family"] == fam]
-        nodes = [la.node.op for la in plan.launches if la.node.family == fam]
+        nodes = [la.node.params.get("ggml_op", la.node.op) for la in plan.launches if la.node.family == fam]
         rows.append({"trace": t.name, "family": fam, "captured": len(g), "simulated": len(nodes),
                      "captured_ops": ", ".join(f"{op} x{n}" for op, n in g["op"].value_counts().sort_index().items()),
                      "simulated_ops": ", ".join(f"{op} x{n}" for op, n in pd.Series(nodes, dtype=str).value_counts()
