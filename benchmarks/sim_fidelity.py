@@ -384,10 +384,14 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
         diff = counts[counts["captured"] != counts["simulated"]]
         text += ["\n## Kernels per token: llama.cpp's captures vs the simulated schedule\n\n",
                  f"Every capture's token 1, per kernel family (`{stem}_kernel_counts.csv` has every family): "
-                 f"{len(diff)} of {len(counts)} (capture, family) pairs differ; those below. The fit leaves a "
-                 "differing family unmatched in that capture (its kernels keep the other captures' or the base "
-                 "calibration's fits), and the simulator runs the workbench's kernels for it.\n\n",
-                 _md(diff, ["trace", "family", "captured", "simulated", "captured_ops", "simulated_ops"])]
+                 f"{len(diff)} of {len(counts)} (capture, family) pairs differ"]
+        if len(diff):
+            text += ["; those below. The fit leaves a differing family unmatched in that capture (its kernels "
+                     "keep the other captures' or the base calibration's fits), and the simulator runs the "
+                     "workbench's kernels for it.\n\n",
+                     _md(diff, ["trace", "family", "captured", "simulated", "captured_ops", "simulated_ops"])]
+        else:
+            text.append(".\n")
     (out_dir / f"{stem}.md").write_text("".join(text))
     print("".join(text))
     return {"rows": df, "knobs": kn, "summary": sm, "calibration": cal}
