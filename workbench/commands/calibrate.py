@@ -131,8 +131,9 @@ def main_llamacpp(args: argparse.Namespace) -> int:
         f"{'; held out: ' + ', '.join(held) if held else ''}")
     for f in [*m["op_fits"], *m["family_fits"]]:
         name = f.get("op", f.get("family"))
+        row = f"  row {f['row_ns']:.3f} ns" if f.get("row_ns") else ""
         log(f"  {name:40s} {f['kernels']:4d} kernels {f['sizes']:3d} sizes  fixed {f['fixed_ns']:7.0f} ns  "
-            f"scale {f['work_scale']:.3f}  median error {100 * f['median_rel_err']:5.1f}%")
+            f"scale {f['work_scale']:.3f}{row}  median error {100 * f['median_rel_err']:5.1f}%")
     for u in m["unmatched"]:
         log(f"  unmatched in {u['trace']}: {u['family']} kernels, {u['exposed_ns_per_token'] / 1e3:.1f} us/token "
             "(llama.cpp's kernel count differs from the Plan's: not fitted)")

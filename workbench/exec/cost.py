@@ -7,9 +7,10 @@ so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwi
 compute rate is limited to the share of SMs it occupies. That fraction is the kernel's ``cap``;
 concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps. A
 measured calibration replaces the fixed part and scales the work per ggml op, or per kernel
-family for ops it did not measure (``measured_fit``). A scale below 1 is taken off the fixed
-part instead, so the work that kernels share is never shorter than their bytes at the calibrated
-bandwidth (the floor that ``workbench.exec.floor`` checks).
+family for ops it did not measure (``measured_fit``), plus, where the fit has one, a cost per
+mat-vec row (``FamilyCost.row_ns``: each row's reduction tail, work at the kernel's cap). A scale
+below 1 is taken off the fixed part instead, so the work that kernels share is never shorter than
+their bytes at the calibrated bandwidth (the floor that ``workbench.exec.floor`` checks).
 
 Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels for a decode step
 (one token): one block per output row for mat-vec, one block per row for norms and softmax,
@@ -170,6 +171,17 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     return ceil(n / _ELEMENTWISE_BLOCK), _ELEMENTWISE_BLOCK
 
 
+#: ops whose kernel is a mat-vec with one block per output row (``launch_geometry``)
+MAT_VEC_OPS = ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "MUL_MAT_ID",
+               "MUL_MAT_ID_GLU", "QKV_ROPE_SET_ROWS")
+
+
+def mat_vec_rows(node: Node, sm_count: int) -> int:
+    """Output rows of a mat-vec (its blocks, one per row: ``launch_geometry``), the count a fit's
+    ``row_ns`` charges; 0 for any other kernel."""
+    return launch_geometry(node, sm_count)[0] if node.op in MAT_VEC_OPS else 0
+
+
 def executor_kernel(node: Node) -> str | None:
     """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
     kernel takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the
@@ -239,6 +251,10 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     _, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
     scale = fam.work_scale if fam else 1.0
     fixed = fam.fixed_ns if fam else cal.kernel_fixed_ns
+    # a fit's per-row term (``FamilyCost.row_ns``): charged with the fixed part through the
+    # conservation below, then moved into the work (see the end)
+    rows_ns = fam.row_ns * mat_vec_rows(node, cal.sm_count) if fam else 0.0
+    fixed += rows_ns
     slots = cal.sm_count * cal.max_threads_per_sm
     resident = min(blocks * threads, slots)
     mem_cap = min(1.0, resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns))
@@ -257,6 +273,12 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     work = max(mem_ns, cmp_ns)
     alone = max(mem_ns / mem_cap, cmp_ns / sm_cap)
     cap = work / alone if alone > 0 else 1.0
+    # the rows' reduction tails keep SMs busy (each row's block holds its slot until it reduces and
+    # writes): work that concurrent kernels share at this kernel's cap, not a latency they overlap;
+    # what the conservation left of the fixed part above the PDL-overlapped prologue moves there
+    tail = min(rows_ns, fixed - cal.pdl_prologue_ns - cal.pdl_first_read_setup_ns)
+    if tail > 0:
+        fixed, work = fixed - tail, work + tail * cap
     written = float(sum(o.nbytes for o in node.outs))
     return KernelCost(
         name=kernel_name(node), blocks=blocks, threads=threads, bytes=nbytes, flops=flops,

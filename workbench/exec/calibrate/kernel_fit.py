@@ -31,6 +31,7 @@ class KernelFit:
     work_scale: float
     median_rel_err: float
     how: str
+    row_ns: float = 0.0
 
 
 def fit_kernels(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 0.0) -> KernelFit:
@@ -70,21 +71,63 @@ def fit_kernels(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 
     return KernelFit(float(fixed), float(scale), float(np.median(np.abs(pred - d) / d)), how)
 
 
+def fit_row_kernels(durations: np.ndarray, roofline: np.ndarray, rows: np.ndarray,
+                    min_fixed: float = 0.0) -> KernelFit:
+    """``duration ~ fixed + row_ns x rows + scale x roofline`` for mat-vec kernels, by least
+    squares in absolute error (as ``fit_kernels``, whose fit it falls back to where the row term
+    is not identifiable or not positive).
+
+    One block per output row streams its row and then reduces it (warp shuffles, a shared-memory
+    round, the write): a per-row latency that the streaming of the next rows hides only in part,
+    so at the same bytes a matrix of narrow rows (2048 wide) takes longer than one of wide rows
+    (4096, 14336). Identifiable where the kernels' bytes per row differ (rows and roofline not
+    proportional)."""
+    d, r, n = (np.asarray(a, float) for a in (durations, roofline, rows))
+    base = fit_kernels(d, r, min_fixed)
+    if len(d) < 3 or np.ptp(r) <= 0.1 * np.median(d) or np.any(n <= 0):
+        return base
+    A = np.stack([np.ones_like(r), n / n.max(), r / r.max()], axis=1)
+    if np.linalg.matrix_rank(A, tol=1e-3) < 3:
+        return base
+    (fixed, row, scale), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), n, r], axis=1), d, rcond=None)
+    held = fixed < min_fixed
+    if held:  # keep the fixed part >= what PDL overlaps; refit the two slopes
+        fixed = min_fixed
+        (row, scale), *_ = np.linalg.lstsq(np.stack([n, r], axis=1), d - fixed, rcond=None)
+    if row <= 0 or scale <= 0:
+        return base
+    pred = fixed + row * n + scale * r
+    err = float(np.median(np.abs(pred - d) / d))
+    how = (f"least-squares fit (absolute error) of fixed + row_ns x rows + scale x roofline to {len(d)} kernels "
+           f"({len(np.unique(np.round(r, 3)))} sizes, {len(np.unique(n))} row counts)"
+           + (f", fixed part held at its floor {min_fixed:.0f} ns (pdl_prologue_ns + pdl_first_read_setup_ns)"
+              if held else ""))
+    return KernelFit(float(fixed), float(scale), err, how, float(row))
+
+
 def fit_groups(kern: pd.DataFrame, by: str, label: str, min_kernels: int, min_fixed: float,
                 what: str) -> tuple[dict[str, tuple[dict[str, float], str]], list[dict[str, Any]]]:
     """A ``fit_kernels`` per value of column ``by`` with at least ``min_kernels`` kernels:
     ``{name: ({fixed_ns, work_scale}, source text)}`` and report rows (``label``: the name's key
-    there). ``what`` says where the durations come from."""
+    there). ``what`` says where the durations come from. Where ``kern`` has a ``rows`` column
+    and every kernel of a group is a mat-vec (rows > 0), the group's fit has a per-row term
+    (``fit_row_kernels``; ``row_ns`` in the fit where it is kept)."""
     fits, report = {}, []
     for name, grp in kern.groupby(by):
         if len(grp) < min_kernels:
             continue
-        f = fit_kernels(grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy(), min_fixed)
-        fits[str(name)] = ({"fixed_ns": round(f.fixed_ns, 1), "work_scale": round(f.work_scale, 4)},
-                           f"{f.how} {what}; median fit error {100 * f.median_rel_err:.1f}%")
+        d, r = grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy()
+        if "rows" in grp and (grp["rows"] > 0).all():
+            f = fit_row_kernels(d, r, grp["rows"].to_numpy(), min_fixed)
+        else:
+            f = fit_kernels(d, r, min_fixed)
+        vals = {"fixed_ns": round(f.fixed_ns, 1), "work_scale": round(f.work_scale, 4)}
+        if f.row_ns > 0:
+            vals["row_ns"] = round(f.row_ns, 4)
+        fits[str(name)] = (vals, f"{f.how} {what}; median fit error {100 * f.median_rel_err:.1f}%")
         report.append({label: str(name), "kernels": len(grp), "sizes": int(grp["roofline_ns"].round(3).nunique()),
-                       "fixed_ns": f.fixed_ns, "work_scale": f.work_scale, "median_rel_err": f.median_rel_err,
-                       "measured_us": float(grp["duration_ns"].sum() / 1e3)})
+                       "fixed_ns": f.fixed_ns, "work_scale": f.work_scale, **({"row_ns": f.row_ns} if f.row_ns else {}),
+                       "median_rel_err": f.median_rel_err, "measured_us": float(grp["duration_ns"].sum() / 1e3)})
     return fits, report
 
 

@@ -505,7 +505,7 @@ def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal:
     fitted_ops = {o.split("/")[0] for o in ops}
     for k in [k for k in cal["ops"] if "/" in k or k.split("/", 1)[0] in fitted_ops]:
         del cal["ops"][k]
-        for f in ("fixed_ns", "work_scale"):
+        for f in ("fixed_ns", "work_scale", "row_ns"):
             src.pop(f"ops.{k}.{f}", None)
     for section, fits in (("ops", ops), ("families", fams)):
         for name, (vals, how) in fits.items():

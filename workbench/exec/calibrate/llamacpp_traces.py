@@ -24,7 +24,7 @@ from ...models import preset
 from ...strategy import Strategy
 from ...trace import Trace
 from ..calibration import Calibration
-from ..cost import kernel_cost, kernel_name
+from ..cost import kernel_cost, kernel_name, mat_vec_rows
 from .llamacpp_schedule import llamacpp_plan
 
 #: trace file suffixes read from a folder
@@ -156,7 +156,8 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
     """(matched, unmatched) kernels of one trace. Matched: one row per token and Plan node with
     its op, family, llama.cpp kernel name (``cost.kernel_name``: the key of the fit), measured
     ``duration_ns`` (first start to last end of the node's kernels) and ``exposed_ns``, and its
-    ``roofline_ns`` on ``cal``'s device (alone, at its cap). Unmatched: per token and family,
+    ``roofline_ns`` on ``cal``'s device (alone, at its cap) and its mat-vec ``rows`` (0 for
+    other kernels). Unmatched: per token and family,
     the kernels no node took and their exposed time."""
     cfg = t.config()
     dev = device_calibration(cal)
@@ -179,7 +180,8 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
                                 "op": node.op, "family": fam, "kernel": kernel_name(node),
                                 "key": f"{node.op}/{kernel_name(node)}", "trace_op": r.op,
                                 "duration_ns": float(r.end_ns - r.start_ns), "exposed_ns": float(r.exposed_ns),
-                                "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0})
+                                "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
+                                "rows": mat_vec_rows(node, dev.sm_count)})
     return pd.DataFrame(matched), pd.DataFrame(unmatched, columns=["trace", "token", "family", "kernels", "nodes",
                                                                    "exposed_ns"])
 
