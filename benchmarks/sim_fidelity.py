@@ -409,15 +409,13 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
   graph node (node-level graph tracing), so the traced launch is not used: the fit takes the base
   calibration's untraced graph launch, and CUPTI adds no measurable time per kernel to the device
   span (the fusion pairs).
-* **Mat-vec efficiency per shape**: `MUL_MAT` is one `fixed + scale x roofline` fit, but llama.cpp's
-  mat-vec (a 256-thread block per output row, `ceil(ncols / 512)` iterations per thread) reaches a
-  lower share of DRAM bandwidth on 2048-wide rows (llama-3.2-1b, the qwen3 MoEs: slower than the
-  fit) than on 4096- and 14336-wide ones (llama-3.1-8b: faster). Since qwen3-next's mat-vecs are
-  matched too, the fit leans further to the short rows, and llama-3.1-8b without fusion (225
-  unfused mat-vecs per token) is predicted slow. Fits per row-width class (2048 / 4096 / wider)
-  were tried: they bring every fitted cell within 10 % but move the held-out gpt-oss (2880-wide
-  rows) to -8 % (-16 % at 32k) and, with qwen3-next held out, lose a cell; not shipped. A per-row
-  (per-block) cost term beside the roofline is the likelier fix.
+* **Mat-vec cost per row**: the mat-vec fits (`MUL_MAT`, `MUL_MAT_ADD`, `MUL_MAT_GLU`, `MUL_MAT_ID`)
+  are `fixed + row_ns x rows + scale x roofline` (`kernel_fit.fit_row_kernels`): llama.cpp's mat-vec
+  runs a block per output row that ends in a reduction, so at the same bytes 2048-wide rows
+  (llama-3.2-1b, the qwen3 MoEs) take longer than 4096- and 14336-wide ones (llama-3.1-8b), which
+  one `fixed + scale x roofline` line per kernel could not follow (it predicted llama-3.1-8b
+  without fusion slow). The held-out gpt-oss is predicted fast: its 2880-wide lm_head (201088
+  rows) runs slower per row than the fitted families' lm_heads, which the fit cannot know.
 * **Kernels llama.cpp runs**: the schedule (`llamacpp_schedule.py`, `llamacpp_gdn.py`) runs
   llama.cpp's kernel list on every captured config (last table; qwen3-next's Q/K norms stay
   RMS_NORM, MUL apart from the ROPE under GGML_CUDA_GRAPH_OPT): MoE gate / up

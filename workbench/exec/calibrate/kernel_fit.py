@@ -81,19 +81,28 @@ def fit_row_kernels(durations: np.ndarray, roofline: np.ndarray, rows: np.ndarra
     round, the write): a per-row latency that the streaming of the next rows hides only in part,
     so at the same bytes a matrix of narrow rows (2048 wide) takes longer than one of wide rows
     (4096, 14336). Identifiable where the kernels' bytes per row differ (rows and roofline not
-    proportional)."""
+    proportional); where the roofline hardly varies but the rows do (an MoE's gate/up and down
+    mat-vecs: the same bytes in rows of different width) only the row slope is fitted, scale 1."""
     d, r, n = (np.asarray(a, float) for a in (durations, roofline, rows))
     base = fit_kernels(d, r, min_fixed)
-    if len(d) < 3 or np.ptp(r) <= 0.1 * np.median(d) or np.any(n <= 0):
+    if len(d) < 3 or np.any(n <= 0) or np.ptp(n) == 0:
         return base
-    A = np.stack([np.ones_like(r), n / n.max(), r / r.max()], axis=1)
-    if np.linalg.matrix_rank(A, tol=1e-3) < 3:
-        return base
-    (fixed, row, scale), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), n, r], axis=1), d, rcond=None)
+    sloped = bool(np.ptp(r) > 0.1 * np.median(d))
+    if sloped:
+        A = np.stack([np.ones_like(r), n / n.max(), r / r.max()], axis=1)
+        if np.linalg.matrix_rank(A, tol=1e-3) < 3:
+            return base
+        (fixed, row, scale), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), n, r], axis=1), d, rcond=None)
+    else:  # as fit_kernels: the roofline's slope not identifiable, kept at 1 (e.g. MoE gate/up vs down)
+        (fixed, row), *_ = np.linalg.lstsq(np.stack([np.ones_like(r), n], axis=1), d - r, rcond=None)
+        scale = 1.0
     held = fixed < min_fixed
-    if held:  # keep the fixed part >= what PDL overlaps; refit the two slopes
+    if held:  # keep the fixed part >= what PDL overlaps; refit the slopes
         fixed = min_fixed
-        (row, scale), *_ = np.linalg.lstsq(np.stack([n, r], axis=1), d - fixed, rcond=None)
+        if not sloped:
+            row = float(np.sum(n * (d - r - fixed)) / np.sum(n * n))
+        else:
+            (row, scale), *_ = np.linalg.lstsq(np.stack([n, r], axis=1), d - fixed, rcond=None)
     if row <= 0 or scale <= 0:
         return base
     pred = fixed + row * n + scale * r
