@@ -324,9 +324,8 @@ def _mul_mat_id_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     n_ids = ids.numel
     if d.numel != n_ids * N:
         raise BindError(f"{node.name}: {n_ids} experts x {N} outputs do not fill {d.shape}")
-    vec = _vec_width(wg.dtype)
-    if (vec and K % vec == 0 and x.dtype == "f32" and _aligned16(ga, wg.itemsize) and _aligned16(ua, wu.itemsize)
-            and _aligned16(xa, 4)):
+    vec = _vector_loads(K, x, xa, ((wg, ga), (wu, ua)))
+    if vec:
         splits = _mmv_splits(N, n_ids, K // vec)
         return KernelCall("mul_mat", f"k_mul_mat_id_{wg.dtype}_glu", (ceil(N / (MMV_WARPS // splits)), n_ids),
                           (32 * MMV_WARPS,), (arg(d, addr), ga, ua, xa, ia, i32(splits)), None, node.outs)
@@ -387,6 +386,17 @@ def _vec_width(dtype: str) -> int | None:
     return {"f16": 8, "bf16": 8, "f32": 4}.get(dtype)
 
 
+def _vector_loads(K: int, x: View, xa: Arg, weights: tuple[tuple[View, Arg], ...]) -> int | None:
+    """Elements per 16-byte load when the vector mat-vec kernels can read these operands (one
+    weight dtype with rows of whole 16-byte pieces, an f32 activation, all 16-byte aligned), else
+    None: the generic kernels take them."""
+    vec = _vec_width(weights[0][0].dtype)
+    if (vec and K % vec == 0 and x.dtype == "f32" and _aligned16(xa, 4)
+            and all(_aligned16(a, w.itemsize) for w, a in weights)):
+        return vec
+    return None
+
+
 def _aligned16(a: Arg, last_contiguous_itemsize: int) -> bool:
     """16-byte aligned base and rows, unit inner stride."""
     if a.ptr % 16 or a.strides[3] != last_contiguous_itemsize:
@@ -443,8 +453,8 @@ def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     M = x.numel // K
     if d.numel != M * N:
         raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
-    vec = _vec_width(w.dtype)
-    if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+    vec = _vector_loads(K, x, xa, ((w, wa),))
+    if vec:
         lanes = _seg_lanes(K, vec)
         if lanes and MMV_SEG_MUL_MAT and not sfx and N < MMV_ROWS_MIN:
             return KernelCall("mul_mat", f"k_mul_mat_vec_seg_{w.dtype}", _seg_grid(N, M, lanes), (32 * MMV_WARPS,),
@@ -485,9 +495,8 @@ def _mul_mat_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     M = x.numel // K
     if d.numel != M * N:
         raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
-    vec = _vec_width(wg.dtype)
-    if (vec and K % vec == 0 and x.dtype == "f32" and _aligned16(ga, wg.itemsize) and _aligned16(ua, wu.itemsize)
-            and _aligned16(xa, 4)):
+    vec = _vector_loads(K, x, xa, ((wg, ga), (wu, ua)))
+    if vec:
         splits = _mmv_splits(N, M, K // vec)
         return KernelCall("mul_mat", f"k_mul_mat_vec_{wg.dtype}_glu", (ceil(N / (MMV_WARPS // splits)), M),
                           (32 * MMV_WARPS,), (arg(d, addr), ga, ua, xa, i32(splits)), None, node.outs)
@@ -594,8 +603,8 @@ def _mul_mat_id(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     n_ids = ids.numel
     if d.numel != n_ids * N:
         raise BindError(f"{node.name}: {n_ids} experts x {N} outputs do not fill {d.shape}")
-    vec = _vec_width(w.dtype)
-    if vec and K % vec == 0 and x.dtype == "f32" and _aligned16(wa, w.itemsize) and _aligned16(xa, 4):
+    vec = _vector_loads(K, x, xa, ((w, wa),))
+    if vec:
         lanes = _seg_lanes(K, vec)
         if lanes:
             return KernelCall("mul_mat", f"k_mul_mat_id_seg_{w.dtype}", _seg_grid(N, n_ids, lanes),
