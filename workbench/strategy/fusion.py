@@ -19,7 +19,7 @@ from .deps import accesses_by_buffer, readers_of, touchers_between
 from .fusion_chains import fuse_add_chain, fuse_mul_mat_add, fuse_mul_mat_glu, fuse_norm_mul_add, fuse_rope_set_rows
 from .fusion_moe import fuse_topk_moe
 from .fusion_ours import fuse_norm_mat_vec, fuse_qkv_rope_store
-from .rewrite import output_buffers, with_nodes
+from .rewrite import output_buffers, rebuild, with_nodes
 
 __all__ = ["PASSES", "apply_fusions", "eliminate_copies", "fuse_rms_norm_mul", "with_nodes"]
 
@@ -56,8 +56,7 @@ def fuse_rms_norm_mul(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         replace[j] = Node(m.name, "RMS_NORM_MUL", (x, other), m.outs, {**n.params, **m.params})
         drop.add(i)
-    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
-    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
+    return rebuild(graph, replace, drop)
 
 
 def _redirect(out: View, src: View, dst: View) -> View | None:

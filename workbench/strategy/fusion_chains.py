@@ -25,7 +25,7 @@ from collections.abc import Callable
 from ..graph import Graph, Node
 from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer
-from .rewrite import last_writer, operand_slot, output_buffers, sole_reader, stable_between, with_nodes
+from .rewrite import last_writer, operand_slot, output_buffers, rebuild, sole_reader, stable_between
 
 #: fused op -> the Strategy fusion that creates it (the race report names the fusion)
 FUSED_OPS = {"RMS_NORM_MUL_ADD": "rms-norm-mul",
@@ -45,12 +45,6 @@ def fused_params(base: dict, absorbed: list[Node], inherited: tuple[int, ...]) -
     its sources that only those nodes read before (the race report blames the fusion for a race
     on one of them: the fused kernel reads it later, at the position of the last node)."""
     return {**base, "fused": tuple(n.name for n in absorbed), "inherited": inherited}
-
-
-def _rebuild(graph: Graph, replace: dict[int, Node], drop: set[int]) -> tuple[Graph, list[str]]:
-    nodes = graph.nodes
-    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
-    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
 
 
 def _writes_apart(out: Node, srcs: tuple) -> bool:
@@ -81,7 +75,7 @@ def _fuse_into_reader(graph: Graph, is_producer: Callable[[Node], bool], reader_
             continue
         replace[j] = Node(r.name, fused_op, srcs, r.outs, fused_params({**n.params, **r.params}, [n], inherited))
         drop.add(i)
-    return _rebuild(graph, replace, drop)
+    return rebuild(graph, replace, drop)
 
 
 def fuse_norm_mul_add(graph: Graph) -> tuple[Graph, list[str]]:
@@ -156,7 +150,7 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
         replace[j] = Node(g.name, GLU_FUSED[op], srcs, g.outs,
                           fused_params(dict(g.params), mms, tuple(range(len(srcs)))))
         drop.update(prods)
-    return _rebuild(graph, replace, drop)
+    return rebuild(graph, replace, drop)
 
 
 def fuse_rope_set_rows(graph: Graph) -> tuple[Graph, list[str]]:
@@ -202,5 +196,5 @@ def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
         replace[last] = Node(end.name, "ADD_CHAIN", tuple(srcs), end.outs,
                              fused_params(dict(end.params), [nodes[k] for k in chain[:-1]], inherited))
         drop.update(chain[:-1])
-    return _rebuild(graph, replace, drop)
+    return rebuild(graph, replace, drop)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from ..graph import Graph, Node
 from .deps import accesses_by_buffer, readers_of
 from .fusion_chains import fused_params
-from .rewrite import last_writer, operand_slot, output_buffers, same_elements, sole_reader, stable_between, with_nodes
+from .rewrite import last_writer, operand_slot, output_buffers, rebuild, same_elements, sole_reader, stable_between
 
 
 def _match(nodes: list[Node], index, outputs: set[str], t: int) -> tuple[list[int], dict] | None:
@@ -81,5 +81,4 @@ def fuse_topk_moe(graph: Graph) -> tuple[Graph, list[str]]:
         replace[chain[-1]] = Node(end.name, "TOPK_MOE", (logits,), (end.dst, n.dst),
                                   fused_params(params, [nodes[k] for k in chain[:-1]], (0,)))
         drop.update(chain[:-1])
-    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
-    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
+    return rebuild(graph, replace, drop)

@@ -31,8 +31,8 @@ from dataclasses import dataclass
 from ..graph import Graph, Node, View
 from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer, readers_of, touchers_between
-from .fusion_chains import _rebuild, _writes_apart, fused_params
-from .rewrite import operand_slot, output_buffers, same_elements, sole_reader, stable_between
+from .fusion_chains import _writes_apart, fused_params
+from .rewrite import operand_slot, output_buffers, rebuild, same_elements, sole_reader, stable_between
 
 #: elements of the activation row the fused mat-vecs stage in shared memory (kernels/fused_mat_vec.cu FMV_MAXK)
 FUSED_MAX_K = 8192
@@ -185,7 +185,7 @@ def fuse_qkv_rope_store(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         replace[last] = fused
         drop.update(a for a in absorbed if a != last)
-    return _rebuild(graph, replace, drop)
+    return rebuild(graph, replace, drop)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -262,4 +262,4 @@ def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         replace.update(new)  # type: ignore[arg-type]
         drop.update(absorbed)
-    return _rebuild(graph, replace, drop)
+    return rebuild(graph, replace, drop)

@@ -15,6 +15,14 @@ def with_nodes(graph: Graph, nodes: list[Node]) -> Graph:
                  graph.consts, dict(graph.meta))
 
 
+def rebuild(graph: Graph, replace: dict[int, Node], drop: set[int]) -> tuple[Graph, list[str]]:
+    """A fusion pass's result: ``graph`` with node ``k`` replaced by ``replace[k]`` and the nodes
+    in ``drop`` removed, and the removed nodes' names."""
+    nodes = graph.nodes
+    new = [replace.get(k, n) for k, n in enumerate(nodes) if k not in drop]
+    return with_nodes(graph, new), [nodes[k].name for k in sorted(drop)]
+
+
 def output_buffers(graph: Graph) -> set[str]:
     return {v.buffer.name for v in graph.outputs.values()}
 
