@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 import workbench
-from workbench.exec.calibrate.decode_matrix import MatrixModel, _rounds, read_matrix
+from workbench.exec.calibrate.decode_matrix import MatrixModel, _rounds, read_matrices, read_matrix
 from workbench.exec.calibrate.specs import ModelSpec
 from workbench.exec.calibration import load_calibration
 
@@ -45,6 +45,32 @@ def test_read_matrix_reads_both_formats(tmp_path) -> None:
                                       + json.dumps({"kind": "error", "model": "x", "error": "boom"}) + "\n")
     (ea, a), (eb, b) = read_matrix(tmp_path / "a.json"), read_matrix(tmp_path / "b.jsonl")
     assert ea == eb and a.to_dict("records") == b.to_dict("records")
+
+
+def test_pooled_runs_take_the_median_speedup(tmp_path) -> None:
+    """Three runs of the same cells pool per model shape: eager's median us/token, a knob's
+    us/token at the median of its per-run speedups, its spread the runs' speedups; one file reads
+    as itself."""
+    def cell(strategy: str, us: float) -> dict:
+        return {"kind": "cell", "model": "llama-3.2-1b", "layers": None, "context": 512, "pos": 448,
+                "strategy": strategy, "family": "llama", "tokens": 32, "us_per_token": us, "us_min": us,
+                "us_max": us, "runs_us": [us]}
+
+    paths = []
+    for i, (eager, knob) in enumerate([(100.0, 80.0), (110.0, 100.0), (105.0, 87.5)]):  # +25, +10, +20 %
+        paths.append(tmp_path / f"r{i}.jsonl")
+        paths[-1].write_text("".join(json.dumps(x) + "\n" for x in (
+            {"kind": "environment", "gpu_name": "g", "date": "d", "tokens": 32, "repeats": 1, "settle_run": True},
+            cell("eager", eager), cell("eager+pdl", knob))))
+    env, df = read_matrices(paths)
+    assert env["pooled"] == ["r0.jsonl", "r1.jsonl", "r2.jsonl"]
+    by = df.set_index("strategy")
+    assert by.at["eager", "us_per_token"] == 105.0
+    assert by.at["eager+pdl", "us_per_token"] == pytest.approx(105.0 / 1.2)
+    assert by.at["eager+pdl", "us_min"] == pytest.approx(105.0 / 1.25)
+    assert by.at["eager+pdl", "us_max"] == pytest.approx(105.0 / 1.1)
+    one = read_matrices(paths[:1])[1]
+    assert one.to_dict("records") == read_matrix(paths[0])[1].to_dict("records")
 
 
 def test_rounds_rotate() -> None:

@@ -24,6 +24,7 @@ us/token (the raw file of ``workbench calibrate``) and ``benchmarks/gpu_decode.p
 measured -1.9 %):
 
     python -m workbench.exec.fit_eager --measured data/bench/decode_matrix_h200.jsonl \\
+        data/bench/decode_matrix_h200_run2.jsonl data/bench/decode_matrix_h200_eager.jsonl \\
         --calibration data/calibration/h200.json --write
     python -m workbench.exec.fit_eager data/bench/calibration_raw_h200.json.gz \\
         --decode data/bench/gpu_decode.json --calibration data/calibration/h200.json --write
@@ -57,7 +58,7 @@ BASE = ("eager", Strategy())
 GRID = np.arange(0.0, 2601.0, 100.0)
 #: the measurement noise (pp) a cell carries beyond its rounds' spread: what a no-op knob measured
 #: between interleaved runs of the same work on a device-bound model (llama-3.1-8b eager vs
-#: eager+copy-elim in decode_matrix_h200.jsonl: +2.2 %)
+#: eager+copy-elim in decode_matrix_h200_slow_host.jsonl: +2.2 %)
 SPREAD_FLOOR_PP = 2.0
 
 
@@ -118,13 +119,15 @@ def calibration_cells(raw: Mapping[str, Any], knob: str) -> list[KnobCell]:
             for (m, s_), r in runs.items() if s_ == label and (m, "eager") in runs]
 
 
-def matrix_cells(path: str | Path, knob: str, tokens: int = 16) -> list[KnobCell]:
-    """``knob``'s cells from an interleaved measured file (``calibrate.decode_matrix``): every
-    model shape with ``eager`` and a strategy that sets the knob (``KNOBS`` and ``DECODE_ROWS``)."""
-    from .calibrate.decode_matrix import read_matrix
+def matrix_cells(path: str | Path | Sequence[str | Path], knob: str, tokens: int = 16) -> list[KnobCell]:
+    """``knob``'s cells from an interleaved measured file (``calibrate.decode_matrix``), or from
+    several pooled (``read_matrices``): every model shape with ``eager`` and a strategy that sets
+    the knob (``KNOBS``, ``DECODE_ROWS`` and ``STACKED``)."""
+    from .calibrate.decode_matrix import read_matrices
 
-    _, df = read_matrix(path)
-    sts = {st.label(): st for st in (KNOBS[knob][1], DECODE_ROWS[knob][1])}
+    _, df = read_matrices(path)
+    source = _source_name(path)
+    sts = {st.label(): st for st in (KNOBS[knob][1], DECODE_ROWS[knob][1], *STACKED.get(knob, ()))}
     out = []
     for _, g in df.groupby(["model", df["layers"].fillna(0), df["context"].fillna(0), "pos"], sort=False):
         us = dict(zip(g["strategy"], g["us_per_token"]))
@@ -135,10 +138,16 @@ def matrix_cells(path: str | Path, knob: str, tokens: int = 16) -> list[KnobCell
         context = None if r["context"] != r["context"] or r["context"] is None else int(r["context"])
         lo = dict(zip(g["strategy"], g["us_min"])) if "us_min" in g else {}
         hi = dict(zip(g["strategy"], g["us_max"])) if "us_max" in g else {}
-        out += [KnobCell(Path(path).stem, r["model"], layers, context, int(r["pos"]), tokens, st,
+        out += [KnobCell(source, r["model"], layers, context, int(r["pos"]), tokens, st,
                          float(us[BASE[0]]), float(us[label]), _spread_pp(BASE[0], label, lo, hi))
                 for label, st in sts.items() if label in us]
     return out
+
+
+def _source_name(path: str | Path | Sequence[str | Path]) -> str:
+    """A measured file's stem, or the pooled files' stems joined by ``+``."""
+    paths = [path] if isinstance(path, (str, Path)) else list(path)
+    return "+".join(Path(p).stem for p in paths)
 
 
 def _spread_pp(base: str, label: str, lo: Mapping[str, float], hi: Mapping[str, float]) -> float:
@@ -147,6 +156,14 @@ def _spread_pp(base: str, label: str, lo: Mapping[str, float], hi: Mapping[str, 
         return 0.0
     return 0.5 * (speedup_pct(hi[base], lo[label]) - speedup_pct(lo[base], hi[label]))
 
+
+#: stacked cells that also pin a parameter: eager PDL under Q/K/V streams and implicit syncs (the
+#: stack's PDL gain is not the sum of its parts: once PDL frees the host, the GPU's gaps show, and
+#: fitted to ``eager+pdl`` alone the release over-predicted the stack by 3-8 pp on every model of
+#: decode_matrix_h200*.jsonl, 2026-11-25)
+STACKED: dict[str, tuple[Strategy, ...]] = {
+    "eager_pdl_release_ns": (Strategy(pdl=True, streams="qkv", sync="implicit", allocator="stream-aware"),),
+}
 
 #: gpu_decode.json's rows -> the knob they measure (``benchmarks/gpu_decode.py``'s ``alone()``)
 DECODE_ROWS = {"eager_pdl_release_ns": ("pdl", Strategy(pdl=True)),
@@ -212,7 +229,8 @@ def fit_one(cal: Calibration, cells: Sequence[KnobCell], knob: str,
 
 
 def fit(raw: Mapping[str, Any] | None, base: Mapping[str, Any], decode: Mapping[str, Any] | None = None,
-        log: Callable[[str], None] = print, measured: str | Path | None = None) -> dict[str, Any]:
+        log: Callable[[str], None] = print,
+        measured: str | Path | Sequence[str | Path] | None = None) -> dict[str, Any]:
     """The calibration dict ``base`` with both eager parameters fitted to the measured cells:
     ``measured``'s (an interleaved run, ``calibrate.decode_matrix``), ``raw``'s calibration runs
     and ``benchmarks/gpu_decode.py``'s, each where given."""
@@ -223,10 +241,12 @@ def fit(raw: Mapping[str, Any] | None, base: Mapping[str, Any], decode: Mapping[
     cal = parse_calibration(out, "base", "python")
     parts = []
     if measured is not None:
-        from .calibrate.decode_matrix import read_matrix
+        from .calibrate.decode_matrix import read_matrices
 
-        env = read_matrix(measured)[0]
-        parts.append(f"the interleaved runs of {Path(measured).name} on {env.get('gpu_name', '?')} "
+        env = read_matrices(measured)[0]
+        names = env.get("pooled") or [Path(measured).name]
+        parts.append(f"the interleaved runs of {' + '.join(names)}" + (" (pooled: per cell the median of the runs' "
+                     "speedups)" if len(names) > 1 else "") + f" on {env.get('gpu_name', '?')} "
                      f"({str(env.get('date', ''))[:10]})")
     if raw is not None:
         env = raw.get("environment", {})
@@ -245,19 +265,21 @@ def fit(raw: Mapping[str, Any] | None, base: Mapping[str, Any], decode: Mapping[
         value, rms, rows = fit_one(cal, cells, knob, log)
         cal = replace(cal, **{knob: value})
         out["device"][knob] = value
-        per = "; ".join(f"{m}: measured {a:+.1f} %, simulated {s:+.1f} %" for m, a, s in rows)
+        per = "; ".join(f"{c.model}{f'/L{c.layers}' if c.layers else ''} {c.strategy.label()}: measured {a:+.1f} %, "
+                        f"simulated {s:+.1f} %" for c, (_, a, s) in zip(cells, rows))
+        stacked = "".join(f" and {st.label()}" for st in STACKED.get(knob, ()))
         out["sources"][f"device.{knob}"] = (
-            f"{where}: the value whose simulated speedup of {label} over eager is closest (least squares "
+            f"{where}: the value whose simulated speedups of {label}{stacked} over eager are closest (least squares "
             f"weighted by each cell's inverse measurement variance, weighted rms {rms:.1f} pp) to the measured "
-            f"one (untraced), per measured model: {per}")
+            f"ones (untraced), per measured cell: {per}")
     return out
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m workbench.exec.fit_eager", description=__doc__.split("\n\n")[0])
     p.add_argument("raw", nargs="?", help="raw file of `workbench calibrate --raw` (.json or .json.gz)")
-    p.add_argument("--measured", help="JSON lines of benchmarks/decode_matrix.py (one interleaved run of the eager "
-                   "cells): the preferred source")
+    p.add_argument("--measured", nargs="+", help="JSON lines of benchmarks/decode_matrix.py (an interleaved run of "
+                   "the eager cells; several runs are pooled, decode_matrix.read_matrices): the preferred source")
     p.add_argument("--calibration", required=True, help="the calibration file to start from (and to rewrite)")
     p.add_argument("--decode", help="benchmarks/gpu_decode.py's JSON (data/bench/gpu_decode.json): more cells")
     p.add_argument("--write", action="store_true", help="rewrite --calibration with the fitted fields")

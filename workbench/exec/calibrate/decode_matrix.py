@@ -145,9 +145,51 @@ def read_matrix(path: str | Path) -> tuple[dict[str, Any], pd.DataFrame]:
     return env, rows
 
 
+def read_matrices(paths: str | Path | Sequence[str | Path]) -> tuple[dict[str, Any], pd.DataFrame]:
+    """``read_matrix`` of one file; of several interleaved runs of the same cells, their pool.
+
+    Why pool by effect: each run compares its strategies with an ``eager`` run of the same minutes,
+    but two runs on one machine differ by a host-speed drift as large as the 2 pp the eager knobs
+    are held to (decode_matrix_h200*.jsonl, 2026-11-25: llama-3.2-1b eager+pdl 15.2, 15.7 and
+    17.2 %). So a pooled cell keeps, per model shape, ``eager``'s median us/token over the runs, and
+    every other strategy's us/token is that over the median of its per-run speedups over ``eager``;
+    ``us_min``/``us_max`` span the runs' speedups (``eager``'s are its median: the spread is the
+    runs' disagreement), ``runs_us`` holds one value per run. The environment is the first run's,
+    with ``pooled`` naming the files."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    if len(paths) == 1:
+        return read_matrix(paths[0])
+    read = [read_matrix(p) for p in paths]
+    frames = []
+    for i, (_, df) in enumerate(read):
+        df = df.copy()
+        df["_run"] = i
+        frames.append(df)
+    cat = pd.concat(frames, ignore_index=True)
+    shape = cat[[c for c in ("model", "layers", "context", "pos") if c in cat]].map(str).agg("/".join, axis=1)
+    rows = []
+    for _, g in cat.groupby(shape, sort=False):
+        eager = g[g["strategy"] == "eager"].set_index("_run")["us_per_token"]
+        if eager.empty:
+            continue
+        base = float(np.median(eager))
+        for _, gs in g.groupby("strategy", sort=False):
+            gs = gs[gs["_run"].isin(eager.index)]
+            if gs.empty:
+                continue
+            speedup = (eager[gs["_run"]].to_numpy() / gs["us_per_token"].to_numpy())
+            row = gs.iloc[0].drop(labels="_run").to_dict()
+            us = [base / x for x in speedup]
+            row.update(us_per_token=base / float(np.median(speedup)), us_min=float(np.min(us)),
+                       us_max=float(np.max(us)), runs_us=us)
+            rows.append(row)
+    env = {**read[0][0], "pooled": [Path(p).name for p in paths]}
+    return env, pd.DataFrame(rows)
+
+
 #: measured without the untimed settle run, a model's first timed run (round 0 of its first
 #: strategy, ``eager``) follows the warm-up of every other strategy, seconds of host-side
-#: compiling and graph capture with the GPU idle, and runs slow: in decode_matrix_h200.jsonl
+#: compiling and graph capture with the GPU idle, and runs slow: in decode_matrix_h200_slow_host.jsonl
 #: (2026-11-25) it is the slowest of eager's three runs on five of the six models, by 3-4 % on the
 #: device-bound 8B models whose other runs agree within 2 %, which no-op knobs then show as speedups
 COLD_RUN = 0
