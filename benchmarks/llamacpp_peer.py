@@ -89,7 +89,7 @@ STEPS: list[tuple[str, str, str]] = [
 ]
 #: model spec -> layers (None: all); full-size shapes, f16
 MODELS = {"llama-3.2-1b": None, "llama-3.1-8b": None, "qwen3-30b-a3b": 8, "qwen3-next-80b-a3b": 8,
-          "gpt-oss-20b": 8}
+          "gpt-oss-20b": None}
 TOOLS = ("llamacpp", "llama-bench", "cuda", "sim")
 #: GGUF block types the table can be written in (issue 16's acceptance table: q4_0 and q8_0)
 WEIGHT_DTYPES = ("f16", "q4_0", "q8_0")
@@ -321,6 +321,27 @@ def pair_ratios(recs: list[dict]) -> dict[tuple[str, str], list[float]]:
     return out
 
 
+def agreement(ratios: dict[tuple[str, str], list[float]], by: dict[tuple[str, str, str], list[float]],
+              bound_pct: float = 3.0) -> list[str]:
+    """The backend-vs-llama-bench summary: in how many configurations the median over A/B pairs is
+    within ``bound_pct``, and for each one that is not, beside it how far llama-bench's own
+    repetitions spread (max over min), which says whether the two tools can be told apart there."""
+    meds = {k: (st.median(v) - 1) * 100 for k, v in ratios.items() if v}
+    if not meds:
+        return []
+    out = [k for k, m in meds.items() if abs(m) > bound_pct]
+    lines = [f"**Backend vs llama-bench:** within {bound_pct:.0f} % (median over A/B pairs) in "
+             f"{len(meds) - len(out)} of {len(meds)} configurations."]
+    if out:
+        def spread(k: tuple[str, str]) -> str:
+            v = by.get((*k, "llama-bench"), [])
+            return f"{(max(v) / min(v) - 1) * 100:.0f} %" if v else "-"
+        lines[-1] += " Outside it: " + "; ".join(
+            f"{m} {c} {meds[(m, c)]:+.1f} % (llama-bench's repetitions spread {spread((m, c))})"
+            for m, c in out) + "."
+    return lines + [""]
+
+
 def summarize(recs: list[dict]) -> str:
     """The markdown: per model, every configuration's four numbers, then the knob steps."""
     if not recs:
@@ -357,6 +378,7 @@ def summarize(recs: list[dict]) -> str:
             by.setdefault(key, []).extend(r["us"])
         else:
             errors[key] = r.get("error", "?")
+    lines += agreement(ratios, by)
     for model in models:
         configs = [c for c in CONFIGS if any(k[0] == model and k[1] == c for k in (*by, *errors))]
         lines += [f"## {model}", "", "| config | strategy | llama.cpp switches | llama.cpp | llama-bench | "

@@ -109,8 +109,10 @@ def test_peer_rows_keep_their_decode_window():
     t = measured_table(PEER)
     long = t[t["context"] == 32768]
     assert set(long["model"]) == {"gpt-oss-20b"} and set(long["start_pos"]) == {32736}
-    assert ("gpt-oss-20b", 8, "eager") not in read_measured(PEER, 512)  # measured only at 32k
-    assert ("gpt-oss-20b", 8, "default") in read_measured(PEER, 512)
+    # eager was measured at both windows: the 512-row fit target is the 512-row run's (about
+    # 2200 us/token in llamacpp_peer_h200.md), not the 32k one's (about 2670)
+    m512 = read_measured(PEER, 512)
+    assert ("gpt-oss-20b", 8, "default") in m512 and m512[("gpt-oss-20b", 8, "eager")] < 2400
 
 
 def test_kernel_counts_compare_a_capture_with_the_schedule():
