@@ -117,10 +117,10 @@ def committed_cells(sim_tokens: int = 16) -> list[Cell]:
 def measured_cells(paths: Sequence[Path], sim_tokens: int = 16) -> list[Cell]:
     """Each knob's cell on each model shape of a measured file that holds it beside ``eager``
     (several files: pooled, ``decode_matrix.read_matrices``)."""
-    from workbench.exec.calibrate.decode_matrix import read_matrices
+    from workbench.exec.calibrate.decode_matrix import read_matrices, runs_label
 
     env, df = read_matrices(paths)
-    source = "+".join(Path(p).stem for p in paths)
+    source = runs_label(paths)
     by_label = {st.label(): knob for knob, st in KNOBS.items()}
     df["knob"] = df["strategy"].map(lambda x: by_label.get(x, x))  # older files: the knob's name
     cells = []

@@ -123,10 +123,10 @@ def matrix_cells(path: str | Path | Sequence[str | Path], knob: str, tokens: int
     """``knob``'s cells from an interleaved measured file (``calibrate.decode_matrix``), or from
     several pooled (``read_matrices``): every model shape with ``eager`` and a strategy that sets
     the knob (``KNOBS``, ``DECODE_ROWS`` and ``STACKED``)."""
-    from .calibrate.decode_matrix import read_matrices
+    from .calibrate.decode_matrix import read_matrices, runs_label
 
     _, df = read_matrices(path)
-    source = _source_name(path)
+    source = runs_label(path)
     sts = {st.label(): st for st in (KNOBS[knob][1], DECODE_ROWS[knob][1], *STACKED.get(knob, ()))}
     out = []
     for _, g in df.groupby(["model", df["layers"].fillna(0), df["context"].fillna(0), "pos"], sort=False):
@@ -142,12 +142,6 @@ def matrix_cells(path: str | Path | Sequence[str | Path], knob: str, tokens: int
                          float(us[BASE[0]]), float(us[label]), _spread_pp(BASE[0], label, lo, hi))
                 for label, st in sts.items() if label in us]
     return out
-
-
-def _source_name(path: str | Path | Sequence[str | Path]) -> str:
-    """A measured file's stem, or the pooled files' stems joined by ``+``."""
-    paths = [path] if isinstance(path, (str, Path)) else list(path)
-    return "+".join(Path(p).stem for p in paths)
 
 
 def _spread_pp(base: str, label: str, lo: Mapping[str, float], hi: Mapping[str, float]) -> float:

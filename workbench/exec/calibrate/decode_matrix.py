@@ -187,6 +187,12 @@ def read_matrices(paths: str | Path | Sequence[str | Path]) -> tuple[dict[str, A
     return env, pd.DataFrame(rows)
 
 
+def runs_label(paths: str | Path | Sequence[str | Path]) -> str:
+    """A measured file's stem, or the pooled files' stems joined by ``+`` (the reports' source)."""
+    paths = [paths] if isinstance(paths, (str, Path)) else list(paths)
+    return "+".join(Path(p).stem for p in paths)
+
+
 #: measured without the untimed settle run, a model's first timed run (round 0 of its first
 #: strategy, ``eager``) follows the warm-up of every other strategy, seconds of host-side
 #: compiling and graph capture with the GPU idle, and runs slow: in decode_matrix_h200_slow_host.jsonl
