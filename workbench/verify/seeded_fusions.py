@@ -33,6 +33,15 @@ def _start(name: str) -> tuple[GraphBuilder, View, View]:
     return b, x, side
 
 
+def _rope_inputs(b: GraphBuilder) -> tuple[View, View, View]:
+    """The position, KV row index and RoPE frequency table a rope-and-store graph reads."""
+    pos = b.input("inp_pos", (1,), "i32")
+    idx = b.input("inp_kv_idx", (1,), "i64")
+    freqs = b.const("rope_freqs", (8,), "f32")
+    b.meta["consts"] = {"rope_freqs": (1e4 ** -(np.arange(8) / 8)).astype(np.float32)}
+    return pos, idx, freqs
+
+
 def mul_mat_add_graph() -> Graph:
     b, x, side = _start("mul-mat-add-bug")
     h = b.op("MUL_MAT", "proj", [b.weight("w", (D, D), "f16"), side], (1, D))
@@ -52,10 +61,7 @@ def mul_mat_glu_graph() -> Graph:
 
 def rope_set_rows_graph() -> Graph:
     b, x, side = _start("rope-set-rows-bug")
-    pos = b.input("inp_pos", (1,), "i32")
-    idx = b.input("inp_kv_idx", (1,), "i64")
-    freqs = b.const("rope_freqs", (8,), "f32")
-    b.meta["consts"] = {"rope_freqs": (1e4 ** -(np.arange(8) / 8)).astype(np.float32)}
+    pos, idx, freqs = _rope_inputs(b)
     cache = b.cache("cache_k", (4, D), "f16")
     k = b.op("ROPE", "k_rope", [side.reshape((4, 16)), pos, freqs], (4, 16), n_rot=16)
     b.node("SET_ROWS", "k_store", [k.reshape((1, D)), idx], [cache])
@@ -90,10 +96,7 @@ def norm_mat_vec_graph() -> Graph:
 
 def qkv_rope_store_graph() -> Graph:
     b, x, side = _start("qkv-rope-store-bug")
-    pos = b.input("inp_pos", (1,), "i32")
-    idx = b.input("inp_kv_idx", (1,), "i64")
-    freqs = b.const("rope_freqs", (8,), "f32")
-    b.meta["consts"] = {"rope_freqs": (1e4 ** -(np.arange(8) / 8)).astype(np.float32)}
+    pos, idx, freqs = _rope_inputs(b)
     proj = {r: b.op("MUL_MAT", f"{r}cur", [b.weight(f"w{r.lower()}", (D, D), "f16"), side], (1, D)) for r in "QKV"}
     q = b.op("ROPE", "q_rope", [proj["Q"].reshape((4, 16)), pos, freqs], (4, 16), n_rot=16)
     k = b.op("ROPE", "k_rope", [proj["K"].reshape((4, 16)), pos, freqs], (4, 16), n_rot=16)
