@@ -15,16 +15,31 @@
 // uses the block's float sum s (ds.y), which differs by 8 d4 (s - d8 sum(q8)) per block, about
 // the q8_1 rounding error of the activation. The s that k_quantize_q8_1 writes stays ggml's.
 //
-// Work split (mul_mat_vec_q for one token): one block of MMVQ_WARPS warps per output row, its
-// threads strided over the row's blocks, reduced by warp shuffles and then through shared memory.
-// grid = (rows, activation rows | selected experts). Under PDL the mat-vec prefetches its first
+// Work split (mul_mat_vec_q for one token): a warp per R output rows, its lanes strided
+// over the rows' blocks and reduced by shuffles; MMVQ_WARPS warps a block. llama.cpp gives each row
+// a block of 4 warps and reduces through shared memory: with 16 blocks resident per SM, a block's
+// fixed latency (launch, the activation's first read, two barriers) capped the old kernel at
+// 10-30 % of the copy bandwidth (data/bench/quant_gpu_h200.md). grid = (row groups, activation
+// rows | selected experts). Under PDL the mat-vec prefetches its first
 // weight blocks to L2 before its wait; the expert variant learns its rows from ids only after it.
 //
 // Unaligned reads: q8_0 and q4_0 blocks are 2-byte aligned, mxfp4 blocks byte aligned, q4_k and
 // q8_1 blocks 4-byte aligned (the bindings check the views' bytes accordingly).
 #include "common.cuh"
 
+// Work split, swept by benchmarks/mmvq_sweep.py: MMVQ_WARPS warps a block, each owning R output
+// rows (1, 2 or 4: the kernel's rows_per_warp, which the binder picks by the output count,
+// workbench/exec/cuda_quant_ops.py), with U block passes in flight (MMVQ_UNROLL, else 1 for
+// a single row and 4 for more).
+#ifndef MMVQ_WARPS
 #define MMVQ_WARPS 4
+#endif
+#define MMVQ_MAX_RPW 4
+#ifdef MMVQ_UNROLL
+#define MMVQ_U(R) MMVQ_UNROLL
+#else
+#define MMVQ_U(R) ((R) == 1 ? 1 : 4)
+#endif
 #define QK8_1 32
 #define Q8_1_BYTES 36
 
@@ -153,84 +168,214 @@ template <> __device__ __forceinline__ float vec_dot<QT_Q4_K>(const u8* b, const
     return ld_h(b) * sum_d - ld_h(b + 2) * sum_m;
 }
 
-// The row's partial dot of this thread: weight blocks tid / (QI / VDR), strided by the blocks one
-// pass of the MMVQ_WARPS warps covers; `y` the activation row's q8_1 blocks (contiguous).
-template <int T>
-__device__ __forceinline__ float row_dot_q(const u8* wr, const u8* y, int nblocks, int tid) {
+// The dots of this warp's R weight rows `wr` with the activation row `y` (its q8_1 blocks,
+// contiguous): lane takes words iqs.. of blocks lane / TPB, strided by the 32 / TPB blocks a warp
+// pass covers. The R rows share each pass, and U passes issue their loads together, so a warp
+// keeps R x U blocks per lane in flight instead of paying a DRAM round trip per pass.
+template <int T, int R, int U>
+__device__ __forceinline__ void rows_dot_q(const u8* const (&wr)[R], const u8* y, int nblocks, int lane,
+                                           float (&acc)[R]) {
     typedef QTraits<T> Q;
-    constexpr int TPB = Q::QI / Q::VDR;
-    constexpr int STEP = MMVQ_WARPS * 32 / TPB;
-    const int iqs = Q::VDR * (tid % TPB);
-    float acc = 0.0f;
-    for (int kb = tid / TPB; kb < nblocks; kb += STEP)
-        acc += vec_dot<T>(wr + (i64)kb * Q::BYTES, y + (i64)kb * (Q::QK / QK8_1) * Q8_1_BYTES, iqs);
-    return acc;
+    constexpr int TPB = Q::QI / Q::VDR, STEP = 32 / TPB;
+    const int iqs = Q::VDR * (lane % TPB);
+    for (int kb0 = lane / TPB; kb0 < nblocks; kb0 += STEP * U) {
+#pragma unroll
+        for (int u = 0; u < U; ++u) {
+            const int kb = kb0 + u * STEP;
+            if (kb < nblocks) {
+                const u8* yb = y + (i64)kb * (Q::QK / QK8_1) * Q8_1_BYTES;
+#pragma unroll
+                for (int r = 0; r < R; ++r) acc[r] += vec_dot<T>(wr[r] + (i64)kb * Q::BYTES, yb, iqs);
+            }
+        }
+    }
 }
 
-// MUL_MAT: d (flat [M, N]) = w (rows flat over TV axes 0..2, K on axis 3) . x (q8_1, [M, K]).
-template <int T>
-__device__ __forceinline__ void mmvq(TV d, TV w, TV x) {
+// rows_per_warp `rpw` (uniform over the grid) picks the instance: 4, 2, else 1 (two matrices:
+// 2, else 1, so a GLU warp keeps at most as many rows in flight as a plain one).
+#define MMVQ_DISPATCH(F, T, G, ...)                                                                     \
+    (rpw == 4 && G == 1 ? F<T, 4, G>(__VA_ARGS__) : rpw >= 2 ? F<T, 2, G>(__VA_ARGS__) : F<T, 1, G>(__VA_ARGS__))
+
+// Epilogues: the plain dot; + an addend of the result's shape (mul-mat-add: a bias or the
+// residual); swiglu of a gate row and an up row (mul-mat-glu: G = 2 weight matrices).
+#define EPI_NONE 0
+#define EPI_ADD 1
+#define EPI_GLU 2
+
+// Byte offset of weight row `row` (clamped to the last: a warp past the matrix reads a valid row
+// and stores nothing): expert e's row of [E, N, K], or for e < 0 row `row` flat over TV axes 0..2
+// (a view may order them as it likes: qwen3-next's Q/K split of a fused projection does).
+__device__ __forceinline__ i64 q_row_off(const TV& w, i64 e, int row, int N) {
+    row = min(row, N - 1);
+    return e >= 0 ? e * w.s[1] + (i64)row * w.s[2] : tv_row_off(w, w.n, row);
+}
+
+// The R rows from row0 of a warp in each of the G matrices w[0..G-1] (a gate and an up for G = 2):
+// their dots with y, warp-reduced into sums[g][0..R-1] (every lane).
+template <int T, int R, int G>
+__device__ __forceinline__ void warp_rows(const TV (&w)[G], i64 e, const u8* y, int N, int nb, int row0, int lane,
+                                          float (&sums)[G][MMVQ_MAX_RPW]) {
+    const u8* wr[G * R];
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int r = 0; r < R; ++r) wr[g * R + r] = (const u8*)(w[g].p + q_row_off(w[g], e, row0 + r, N));
+    float acc[G * R] = {};
+    rows_dot_q<T, G * R, MMVQ_U(G * R)>(wr, y, nb, lane, acc);
+#pragma unroll
+    for (int g = 0; g < G; ++g)
+#pragma unroll
+        for (int r = 0; r < R; ++r) sums[g][r] = warp_sum(acc[g * R + r]);
+}
+
+// Lane 0 stores the warp's rpw results at flat index `out + row` (rows < N), through the epilogue.
+template <int EPI, int G>
+__device__ __forceinline__ void store_rows(TV d, TV b, i64 out, int row0, int N, int rpw, int lane,
+                                           const float (&sums)[G][MMVQ_MAX_RPW]) {
+#pragma unroll
+    for (int r = 0; r < MMVQ_MAX_RPW; ++r) {
+        if (r < rpw && lane == 0 && row0 + r < N) {
+            const i64 o = out + row0 + r;
+            float v = sums[0][r];
+            if (EPI == EPI_ADD) v += ldf(b.p + tv_off(b, b.n, o), b.dt);
+            if (EPI == EPI_GLU) v = silu_f(v) * sums[G - 1][r];
+            stf(d.p + tv_off(d, d.n, o), d.dt, v);
+        }
+    }
+}
+
+// MUL_MAT (+ ADD, GLU): d (flat [M, N]) = epilogue(w . x), w rows flat over TV axes 0..2 with K on
+// axis 3 (G of them: the gate and the up of GLU), x q8_1 [M, K]; b the ADD's addend, aligned to d.
+// Warp `warp` of block i owns the `rpw` consecutive rows from (i MMVQ_WARPS + warp) rpw.
+template <int T, int EPI, int G>
+__device__ __forceinline__ void mmvq(TV d, const TV (&w)[G], TV x, TV b, int rpw) {
+    typedef QTraits<T> Q;
+    constexpr int TPB = Q::QI / Q::VDR;
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    const int row = blockIdx.x, m = blockIdx.y, N = tv_rows(w), K = w.n[3];
-    const u8* wr = (const u8*)(w.p + tv_row_off(w, w.n, row));
-    // weights never change during a step: this thread's first block heads for L2 before the wait
-    constexpr int TPB = QTraits<T>::QI / QTraits<T>::VDR;
-    if ((int)threadIdx.x / TPB < K / QTraits<T>::QK)
-        asm volatile("prefetch.global.L2 [%0];" ::"l"(wr + (i64)(threadIdx.x / TPB) * QTraits<T>::BYTES));
+    const int lane = threadIdx.x % 32, m = blockIdx.y, N = tv_rows(w[0]), nb = w[0].n[3] / Q::QK;
+    const int row0 = (blockIdx.x * MMVQ_WARPS + (int)threadIdx.x / 32) * rpw;
+    // weights never change during a step: this lane's first blocks head for L2 before the wait
+    if (lane / TPB < nb)
+        for (int g = 0; g < G; ++g)
+            for (int r = 0; r < rpw; ++r)
+                asm volatile("prefetch.global.L2 [%0];" ::"l"(w[g].p + q_row_off(w[g], -1, row0 + r, N) +
+                                                                (i64)(lane / TPB) * Q::BYTES));
     PDL_WAIT(first_read);
     const u8* y = (const u8*)(x.p + tv_row_off(x, x.n, m));
     const int y0 = *(const volatile int*)y;  // the first dependent read (the `late` placement's race)
     PDL_WAIT(late);
-    float acc = row_dot_q<T>(wr, y, K / QTraits<T>::QK, threadIdx.x) + (float)(y0 & 0);
+    float sums[G][MMVQ_MAX_RPW] = {};
+    MMVQ_DISPATCH(warp_rows, T, G, w, -1, y, N, nb, row0, lane, sums);
+    sums[0][0] += (float)(y0 & 0);
     PDL_TRIGGER(after_main_loop);
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) stf(d.p + tv_off(d, d.n, m * N + row), d.dt, acc);
+    store_rows<EPI, G>(d, b, (i64)m * N, row0, N, rpw, lane, sums);
     PDL_TRIGGER(end);
 }
 
-// MUL_MAT_ID: d[i] (flat [n_ids, N]) = w[ids[i]] ([E, N, K] on TV axes 1..3) . x[i or 0].
-template <int T>
-__device__ __forceinline__ void mmvq_id(TV d, TV w, TV x, TV ids) {
+// MUL_MAT_ID (+ GLU): d[i] (flat [n_ids, N]) = epilogue(w[ids[i]] . x[i or 0]), w [E, N, K] on TV
+// axes 1..3 (G of them); the warps' rows as in mmvq, blockIdx.y the selected expert's slot.
+template <int T, int EPI, int G>
+__device__ __forceinline__ void mmvq_id(TV d, const TV (&w)[G], TV x, TV ids, int rpw) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    const int row = blockIdx.x, slot = blockIdx.y, N = w.n[2], K = w.n[3];
+    const int lane = threadIdx.x % 32, slot = blockIdx.y, N = w[0].n[2], nb = w[0].n[3] / QTraits<T>::QK;
+    const int row0 = (blockIdx.x * MMVQ_WARPS + (int)threadIdx.x / 32) * rpw;
     const int xrows = tv_rows(x);
     PDL_WAIT(first_read);
     const i64 e = ldi_v(ids.p + tv_off(ids, ids.n, slot), ids.dt);
     PDL_WAIT(late);
-    const u8* wr = (const u8*)(w.p + e * w.s[1] + (i64)row * w.s[2]);
     const u8* y = (const u8*)(x.p + tv_row_off(x, x.n, xrows > 1 ? slot : 0));
-    float acc = row_dot_q<T>(wr, y, K / QTraits<T>::QK, threadIdx.x);
+    float sums[G][MMVQ_MAX_RPW] = {};
+    MMVQ_DISPATCH(warp_rows, T, G, w, e, y, N, nb, row0, lane, sums);
     PDL_TRIGGER(after_main_loop);
-    acc = block_sum(acc);
-    if (threadIdx.x == 0) stf(d.p + tv_off(d, d.n, slot * N + row), d.dt, acc);
+    store_rows<EPI, G>(d, d, (i64)slot * N, row0, N, rpw, lane, sums);
     PDL_TRIGGER(end);
 }
 
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0(TV d, TV w, TV x) {
-    mmvq<QT_Q8_0>(d, w, x);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0(TV d, TV w, TV x, int rpw) {
+    const TV ws[1] = {w};
+    mmvq<QT_Q8_0, EPI_NONE, 1>(d, ws, x, d, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q8_0(TV d, TV w, TV x, TV ids) {
-    mmvq_id<QT_Q8_0>(d, w, x, ids);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0_add(TV d, TV w, TV x, int rpw, TV b) {
+    const TV ws[1] = {w};
+    mmvq<QT_Q8_0, EPI_ADD, 1>(d, ws, x, b, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0(TV d, TV w, TV x) {
-    mmvq<QT_Q4_0>(d, w, x);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq<QT_Q8_0, EPI_GLU, 2>(d, ws, x, d, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_0(TV d, TV w, TV x, TV ids) {
-    mmvq_id<QT_Q4_0>(d, w, x, ids);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q8_0(TV d, TV w, TV x, TV ids, int rpw) {
+    const TV ws[1] = {w};
+    mmvq_id<QT_Q8_0, EPI_NONE, 1>(d, ws, x, ids, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k(TV d, TV w, TV x) {
-    mmvq<QT_Q4_K>(d, w, x);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q8_0_glu(TV d, TV wg, TV wu, TV x,
+                                                                                     TV ids, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq_id<QT_Q8_0, EPI_GLU, 2>(d, ws, x, ids, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_k(TV d, TV w, TV x, TV ids) {
-    mmvq_id<QT_Q4_K>(d, w, x, ids);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0(TV d, TV w, TV x, int rpw) {
+    const TV ws[1] = {w};
+    mmvq<QT_Q4_0, EPI_NONE, 1>(d, ws, x, d, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4(TV d, TV w, TV x) {
-    mmvq<QT_MXFP4>(d, w, x);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0_add(TV d, TV w, TV x, int rpw, TV b) {
+    const TV ws[1] = {w};
+    mmvq<QT_Q4_0, EPI_ADD, 1>(d, ws, x, b, rpw);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_mxfp4(TV d, TV w, TV x, TV ids) {
-    mmvq_id<QT_MXFP4>(d, w, x, ids);
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq<QT_Q4_0, EPI_GLU, 2>(d, ws, x, d, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_0(TV d, TV w, TV x, TV ids, int rpw) {
+    const TV ws[1] = {w};
+    mmvq_id<QT_Q4_0, EPI_NONE, 1>(d, ws, x, ids, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_0_glu(TV d, TV wg, TV wu, TV x,
+                                                                                     TV ids, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq_id<QT_Q4_0, EPI_GLU, 2>(d, ws, x, ids, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k(TV d, TV w, TV x, int rpw) {
+    const TV ws[1] = {w};
+    mmvq<QT_Q4_K, EPI_NONE, 1>(d, ws, x, d, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k_add(TV d, TV w, TV x, int rpw, TV b) {
+    const TV ws[1] = {w};
+    mmvq<QT_Q4_K, EPI_ADD, 1>(d, ws, x, b, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq<QT_Q4_K, EPI_GLU, 2>(d, ws, x, d, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_k(TV d, TV w, TV x, TV ids, int rpw) {
+    const TV ws[1] = {w};
+    mmvq_id<QT_Q4_K, EPI_NONE, 1>(d, ws, x, ids, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_k_glu(TV d, TV wg, TV wu, TV x,
+                                                                                     TV ids, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq_id<QT_Q4_K, EPI_GLU, 2>(d, ws, x, ids, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4(TV d, TV w, TV x, int rpw) {
+    const TV ws[1] = {w};
+    mmvq<QT_MXFP4, EPI_NONE, 1>(d, ws, x, d, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4_add(TV d, TV w, TV x, int rpw, TV b) {
+    const TV ws[1] = {w};
+    mmvq<QT_MXFP4, EPI_ADD, 1>(d, ws, x, b, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq<QT_MXFP4, EPI_GLU, 2>(d, ws, x, d, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_mxfp4(TV d, TV w, TV x, TV ids, int rpw) {
+    const TV ws[1] = {w};
+    mmvq_id<QT_MXFP4, EPI_NONE, 1>(d, ws, x, ids, rpw);
+}
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_mxfp4_glu(TV d, TV wg, TV wu, TV x,
+                                                                                     TV ids, int rpw) {
+    const TV ws[2] = {wg, wu};
+    mmvq_id<QT_MXFP4, EPI_GLU, 2>(d, ws, x, ids, rpw);
 }
 
 // ---------------------------------------------------------------------------------------------

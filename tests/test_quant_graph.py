@@ -72,7 +72,7 @@ def test_plans_keep_the_reference_logits_and_qkv_still_forks(name):
     cfg = preset(name, context=CONTEXT, weight_dtype="q4_0")
     weights = random_weights(build_graph(cfg), 0)
     base = run_reference(cfg, weights, [3, 17]).logits
-    fusions = (frozenset(), frozenset({"rms-norm-mul", "copy-elim"}))
+    fusions = (frozenset(), frozenset({"rms-norm-mul", "copy-elim"}), MMVQ_FUSIONS)
     for fusion, alloc in product(fusions, ("serial-reuse", "stream-aware")):
         s = Strategy(fusion=fusion, allocator=alloc, streams="qkv")
         got = run_reference(cfg, weights, [3, 17],
@@ -80,6 +80,30 @@ def test_plans_keep_the_reference_logits_and_qkv_still_forks(name):
         assert np.max(np.abs(got - base)) <= 1e-5, (sorted(fusion), alloc)
     plan = compile_plan(build_graph(cfg, pos=0), Strategy(streams="qkv", graphs=True))
     assert plan.n_streams == 3
+
+
+#: llama.cpp's fusions that take quantised mat-vecs (mmvq's bias and gate/up epilogues)
+MMVQ_FUSIONS = frozenset({"mul-mat-add", "mul-mat-glu", "rms-norm-mul", "copy-elim", "add-chain"})
+
+
+@pytest.mark.parametrize("name", TINY_PRESETS)
+def test_quantised_gate_and_up_fuse_over_one_q8_1_copy(name):
+    """mul-mat-glu on quantised weights: the gate's and the up's mat-vecs become one fused node
+    that reads the gate's q8_1 copy, and the up's QUANTIZE_Q8_1 goes with them (llama.cpp's fused
+    mmvq quantises its input once); mul-mat-add folds the residual adds into the mat-vecs."""
+    cfg = preset(name, context=CONTEXT, weight_dtype="q4_0")
+    g = build_graph(cfg, pos=0)
+    fused = compile_plan(g, Strategy(fusion=MMVQ_FUSIONS)).graph
+    glus = [n for n in fused.nodes if n.op in ("MUL_MAT_GLU", "MUL_MAT_ID_GLU")]
+    plain = sum(n.op == "GLU" for n in g.nodes if n.params.get("glu", "swiglu") == "swiglu")
+    assert len(glus) == plain and (plain > 0 or name.startswith("gpt-oss"))  # swiglu_oai has no fused kernel
+    for n in glus:
+        q = n.srcs[2]
+        assert q.dtype == "q8_1" and n.srcs[0].dtype == "q4_0"
+        assert any(f.endswith("_q8_1") for f in n.params["fused"])  # the up's quantize was absorbed
+    quantizes = [sum(n.op == "QUANTIZE_Q8_1" for n in x.nodes) for x in (g, fused)]
+    assert quantizes[0] - quantizes[1] == len(glus)
+    assert any(n.op == "MUL_MAT_ADD" and n.srcs[0].dtype == "q4_0" for n in fused.nodes)
 
 
 @pytest.mark.parametrize("qtype", QTYPES)

@@ -41,10 +41,11 @@ KERNEL_TOL = 1e-4
 MODEL_TOL = 3e-2
 NODE_TOL = 1e-2
 QTYPES = ("q8_0", "q4_0", "q4_k", "mxfp4")
-#: (type, N, K): Llama-3.2-1B / 3.1-8B projections, gpt-oss's 2880, q4_k on whole super-blocks
+#: (type, N, K): Llama-3.2-1B / 3.1-8B projections, gpt-oss's 2880, q4_k on whole super-blocks; N = 1003
+#: leaves the last block of MMVQ_ROWS_PER_BLOCK rows partial
 MATVEC = [(q, n, k) for q in ("q8_0", "q4_0", "mxfp4") for n, k in ((2048, 2048), (1024, 4096), (2880, 2880),
-                                                                      (4096, 14336))] \
-    + [("q4_k", n, k) for n, k in ((2048, 2048), (1024, 4096), (512, 14336))]
+                                                                      (4096, 14336), (1003, 2048))] \
+    + [("q4_k", n, k) for n, k in ((2048, 2048), (1024, 4096), (512, 14336), (1003, 2048))]
 
 
 def _run_graph(graph, weights: dict[str, np.ndarray], inputs: dict[str, np.ndarray]) -> tuple[Memory, Memory]:
@@ -108,7 +109,7 @@ def test_quantize_q8_1_and_mul_mat_vec_q(qtype, N, K):
 
 @pytest.mark.parametrize("x_rows", [1, 4])
 @pytest.mark.parametrize("qtype,N,K", [("q8_0", 768, 2048), ("q4_0", 768, 2048), ("mxfp4", 2880, 2880),
-                                       ("q4_k", 512, 2048)])
+                                       ("q4_k", 512, 2048), ("q4_0", 1003, 2048)])
 def test_mul_mat_vec_q_id(qtype, N, K, x_rows):
     """Experts [8, N, K] picked by ids (one repeated); the activation one row for all or one per expert."""
     rng = np.random.default_rng(7)
@@ -128,6 +129,42 @@ def test_mul_mat_vec_q_id(qtype, N, K, x_rows):
     assert err <= KERNEL_TOL, f"{qtype} ids {N}x{K}: rel err {err:.3g}"
 
 
+#: (op, type, N, K, experts stored, selected): llama.cpp's mmvq fusions at full width (Llama-3.2-1B
+#: gate/up and down, Qwen3-30B-A3B's experts, gpt-oss's 2880); N = 1003 leaves a row group partial
+FUSED = [("MUL_MAT_GLU", q, 8192, 2048, 0, 0) for q in QTYPES] + [("MUL_MAT_GLU", "mxfp4", 2880, 2880, 0, 0)] \
+    + [("MUL_MAT_ADD", q, n, k, 0, 0) for q in QTYPES for n, k in ((2048, 8192), (1003, 2048))] \
+    + [("MUL_MAT_ID_GLU", q, 768, 2048, 128, 8) for q in QTYPES] + [("MUL_MAT_ID_GLU", "mxfp4", 2880, 2880, 32, 4)]
+
+
+@pytest.mark.parametrize("op,qtype,N,K,E,n_ids", FUSED, ids=[f"{o}-{q}-{n}x{k}" for o, q, n, k, _, _ in FUSED])
+def test_fused_mul_mat_vec_q(op, qtype, N, K, E, n_ids):
+    """The mmvq epilogues (mul-mat-add's addend, mul-mat-glu's swiglu of a gate and an up row,
+    per selected expert for MUL_MAT_ID_GLU) against the reference's fused ops."""
+    rng = np.random.default_rng(N + K + E)
+    b = GraphBuilder("mmvq_fused")
+    shape = (E, N, K) if E else (N, K)
+    ws = [b.weight(f"w{i}", shape, qtype) for i in range(1 if op == "MUL_MAT_ADD" else 2)]
+    x = b.input("x", (1, K), "f32")
+    xq = b.op("QUANTIZE_Q8_1", "x_q8_1", [x], (1, K), dtype="q8_1")
+    inputs = {"x": rng.standard_normal((1, K))}
+    if op == "MUL_MAT_ADD":
+        y = b.input("y", (1, N), "f32")
+        inputs["y"] = rng.standard_normal((1, N))
+        b.op(op, "out", [ws[0], xq, y], (1, N))
+    elif E:
+        ids = b.input("ids", (n_ids,), "i32")
+        inputs["ids"] = rng.choice(E, n_ids, replace=False).astype(np.int32)
+        b.op(op, "out", [*ws, xq, ids], (n_ids, N), glu="swiglu")
+    else:
+        b.op(op, "out", [*ws, xq], (1, N), glu="swiglu")
+    g = b.build()
+    gpu, ref = _run_graph(g, {f"w{i}": _weights(rng, shape, qtype) for i in range(len(ws))}, inputs)
+    out = g.nodes[-1].dst
+    err = _close(gpu.read(out), ref.read(out).astype(np.float64))
+    record(test="quant_fused", op=op, qtype=qtype, N=N, K=K, rel_err=err)
+    assert err <= KERNEL_TOL, f"{op} {qtype} {N}x{K}: rel err {err:.3g}"
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_get_rows_of_a_quantised_table(qtype):
     """Token embeddings stored quantised: the rows dequantise exactly as the reference's."""
@@ -143,8 +180,8 @@ def test_get_rows_of_a_quantised_table(qtype):
     np.testing.assert_array_equal(gpu.read(out), ref.read(out))
 
 
-#: default llama.cpp behaviour, and every knob on (fusions skip quantised mat-vecs; PDL waits and
-#: graph capture see the QUANTIZE_Q8_1 nodes)
+#: default llama.cpp behaviour, and every knob on (mul-mat-add and mul-mat-glu take the quantised
+#: mat-vecs; PDL waits and graph capture see the QUANTIZE_Q8_1 nodes)
 STRATEGIES = {"default": Strategy(),
               "all-on": Strategy(fusion=frozenset(FUSIONS), streams="qkv", graphs=True, pdl=True,
                                  pdl_wait="first-read", pdl_trigger="start", allocator="stream-aware")}
@@ -166,18 +203,25 @@ def test_tiny_presets_match_reference(model, qtype, strategy):
     assert err <= MODEL_TOL, f"{model} {qtype} {strategy}: logits rel err {err:.3g} > {MODEL_TOL}"
 
 
+#: llama.cpp's fusions that take quantised mat-vecs, and their neighbours
+MMVQ_FUSIONS = frozenset({"mul-mat-add", "mul-mat-glu", "rms-norm-mul", "add-chain"})
+
+
+@pytest.mark.parametrize("fusion", ["none", "mmvq"])
 @pytest.mark.parametrize("qtype", ("q8_0", "q4_0", "mxfp4"))
 @pytest.mark.parametrize("model", TINY)
-def test_every_quantised_node_matches_reference(model, qtype):
-    """One decode step node by node (no-reuse allocation keeps every output): names the first
-    nodes whose kernel disagrees with its NumPy twin, which is where a bug would be."""
+def test_every_quantised_node_matches_reference(model, qtype, fusion):
+    """One decode step node by node (no-reuse allocation keeps every output), unfused and with
+    llama.cpp's fusions that take quantised mat-vecs: names the first nodes whose kernel
+    disagrees with its NumPy twin, which is where a bug would be."""
     from test_cuda_nodes import _gpu_memory
 
     from workbench.exec.cuda import CudaExecutor
 
     cfg = preset(model, weight_dtype=qtype, context=512)
     weights = random_weights(build_graph(cfg), 0)
-    ex = CudaExecutor(cfg, Strategy(allocator="no-reuse"), weights)
+    fusions = MMVQ_FUSIONS if fusion == "mmvq" else frozenset()
+    ex = CudaExecutor(cfg, Strategy(allocator="no-reuse", fusion=fusions), weights)
     pos, tok = 5, 11
     ex.step(tok, pos)
     b = ex.bound(cfg.kv_len(pos))
@@ -198,5 +242,5 @@ def test_every_quantised_node_matches_reference(model, qtype):
                 bad.append(f"{node.name} ({node.op} -> {b.calls[la.index].name}, out {k} {out.describe()}): "
                            f"rel err {err:.3g}")
     ex.release()
-    record(test="quant_nodes", model=model, qtype=qtype, worst_node_rel_err=worst, bad=len(bad))
+    record(test="quant_nodes", model=model, qtype=qtype, fusion=fusion, worst_node_rel_err=worst, bad=len(bad))
     assert not bad, "first mismatching nodes:\n" + "\n".join(bad[:12])

@@ -120,7 +120,9 @@ class KernelCost:
 
 
 #: the kernels llama.cpp runs on block-quantised weights (mmvq: q8_1 activations; get_rows dequantises)
-QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec_q<ids>", "GET_ROWS": "k_get_rows"}
+QUANTIZED_KERNEL_NAMES = {"MUL_MAT": "mul_mat_vec_q", "MUL_MAT_ID": "mul_mat_vec_q<ids>", "GET_ROWS": "k_get_rows",
+                          "MUL_MAT_ADD": "mul_mat_vec_q<bias>", "MUL_MAT_GLU": "mul_mat_vec_q<gate,glu>",
+                          "MUL_MAT_ID_GLU": "mul_mat_vec_q<ids,gate,glu>"}
 
 
 def quantized_weight(node: Node) -> bool:
@@ -137,7 +139,7 @@ def kernel_name(node: Node) -> str:
 def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
     """(blocks, threads per block) of ``node``'s kernel as llama.cpp launches it for one token."""
     op, dst = node.op, node.dst
-    if op in ("MUL_MAT", "MUL_MAT_ID") and quantized_weight(node):
+    if op != "GET_ROWS" and quantized_weight(node):
         return max(1, dst.numel), 128                      # mul_mat_vec_q: 4 warps per row (calc_nwarps)
     if op == "QKV_ROPE_SET_ROWS":                          # ours: modelled as the mat-vec whose fit it takes
         return max(1, sum(w.numel // w.shape[-1] for w in node.srcs[:3])), 256   # a block per Q, K, V row

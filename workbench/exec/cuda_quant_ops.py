@@ -1,21 +1,24 @@
 """Kernel launches of the ops that touch ggml block types (``kernels/mmvq.cu``): llama.cpp's
 mmvq path. ``QUANTIZE_Q8_1`` writes the activation as q8_1 blocks, MUL_MAT / MUL_MAT_ID of a
-q8_0 / q4_0 / q4_k / mxfp4 weight read those blocks in integer dot products, and GET_ROWS of a
-quantised table dequantises the rows. ``cuda_ops.bind`` hands every node with a block-typed view
-here. The fused ops never see block types: the fusion passes leave quantised mat-vecs alone
-(``strategy/fusion_chains.py``), as they have no fused twin.
+q8_0 / q4_0 / q4_k / mxfp4 weight read those blocks in integer dot products (MUL_MAT_ADD,
+MUL_MAT_GLU and MUL_MAT_ID_GLU, llama.cpp's mmvq fusions, in the same kernels' epilogues), and
+GET_ROWS of a quantised table dequantises the rows. ``cuda_ops.bind`` hands every node with a
+block-typed view here.
 """
 
 from __future__ import annotations
 
+from math import ceil
+
 from ..graph import Node, View
 from ..graph.tensor import BLOCK_TYPES
-from .cuda_ops import EW_THREADS, Addr, BindError, KernelCall, Workspace, _ew_grid, arg, like, rows_first
+from .cuda_ops import EW_THREADS, Addr, BindError, KernelCall, Workspace, _ew_grid, arg, i32, like, rows_first
 
 #: weight block types with a mat-vec and a get-rows kernel in kernels/mmvq.cu
 MMVQ_TYPES = ("q8_0", "q4_0", "q4_k", "mxfp4")
-#: threads per block of the mat-vec kernels (kernels/mmvq.cu MMVQ_WARPS warps, one output row each)
-MMVQ_THREADS = 128
+#: warps per block of the mat-vec kernels (kernels/mmvq.cu MMVQ_WARPS)
+MMVQ_WARPS = 4
+MMVQ_THREADS = 32 * MMVQ_WARPS
 #: byte alignment the kernels' 32-bit loads of a block type's quants need (its blocks' alignment)
 LOAD_ALIGN = {"q8_0": 2, "q4_0": 2, "mxfp4": 1, "q4_k": 4, "q8_1": 4}
 
@@ -52,39 +55,81 @@ def _q8_1_input(node: Node, x: View, K: int) -> None:
     _blocks(node, x, "activation")
 
 
+def rows_per_warp(rows: int) -> int:
+    """Output rows per warp of a mat-vec with ``rows`` outputs in all (rows x activation rows or
+    selected experts): one row a warp keeps a small matrix spread over the SMs, two or four rows
+    keep more blocks in flight per lane on tall ones (measured by benchmarks/mmvq_sweep.py,
+    data/bench/mmvq_sweep_h200.json)."""
+    return 1 if rows < 4096 else 2 if rows < 8192 else 4
+
+
+def _grid(N: int, cols: int, matrices: int = 1) -> tuple[tuple[int, int], int]:
+    """(grid, rows per warp) of ``cols`` x ``N`` outputs; a GLU's warps stream ``matrices`` = 2
+    rows per output (the kernel takes at most 2 rows per warp there)."""
+    rpw = rows_per_warp(N * cols * matrices)
+    if matrices > 1:
+        rpw = min(rpw, 2)
+    return (ceil(N / (MMVQ_WARPS * rpw)), cols), rpw
+
+
+def _glu_pair(node: Node, wg: View, wu: View) -> None:
+    if wu.shape != wg.shape or wu.dtype != wg.dtype or wu.strides != wg.strides:
+        raise BindError(f"{node.name}: gate {wg.describe()} and up {wu.describe()} differ in shape or layout")
+    if node.params.get("glu", "swiglu") != "swiglu":
+        raise BindError(f"{node.name}: the fused gate/up mat-vec computes swiglu only")
+    _blocks(node, wu, "up weight")
+
+
 def _mul_mat(node: Node, addr: Addr) -> KernelCall:
-    """MUL_MAT: one block per (output row, activation row)."""
-    w, x = node.srcs[0], node.srcs[1]
+    """MUL_MAT, MUL_MAT_ADD (mul-mat-add: + the addend, aligned to the result, in the epilogue)
+    and MUL_MAT_GLU (mul-mat-glu: gate and up rows, swiglu in the epilogue): a warp per
+    ``rows_per_warp`` output rows, grid.y the activation rows."""
+    glu = node.op == "MUL_MAT_GLU"
+    ws, x = node.srcs[:2 if glu else 1], node.srcs[2 if glu else 1]
+    w = ws[0]
     d = node.dst
     qtype = _weight_type(node, w)
     K = w.shape[-1]
     N = w.numel // K
     _blocks(node, w, "weight")
+    if glu:
+        _glu_pair(node, *ws)
     _q8_1_input(node, x, K)
     M = x.numel // K
     if d.numel != M * N:
         raise BindError(f"{node.name}: [{M}, {K}] x [{N}, {K}]^T does not fill {d.shape}")
-    return KernelCall("mmvq", f"k_mul_mat_vec_q_{qtype}", (N, M), (MMVQ_THREADS,),
-                      (arg(d, addr, *like(d, (M, N), node.name)), arg(w, addr), arg(x, addr)), None, node.outs)
+    grid, rpw = _grid(N, M, len(ws))
+    args = (arg(d, addr, *like(d, (M, N), node.name)), *(arg(v, addr) for v in ws), arg(x, addr), i32(rpw))
+    sfx = "_glu" if glu else ""
+    if node.op == "MUL_MAT_ADD":
+        y = node.srcs[2]
+        args, sfx = (*args, arg(y, addr, *like(y, (M, N), node.name))), "_add"
+    return KernelCall("mmvq", f"k_mul_mat_vec_q_{qtype}{sfx}", grid, (MMVQ_THREADS,), args, None, node.outs)
 
 
 def _mul_mat_id(node: Node, addr: Addr) -> KernelCall:
-    """MUL_MAT_ID: one block per (output row, selected expert)."""
-    w, x, ids = node.srcs
+    """MUL_MAT_ID and MUL_MAT_ID_GLU (mul-mat-glu of MoE experts: both experts' rows, swiglu in
+    the epilogue): a warp per ``rows_per_warp`` output rows, grid.y the selected experts."""
+    glu = node.op == "MUL_MAT_ID_GLU"
+    ws, (x, ids) = node.srcs[:2 if glu else 1], node.srcs[2 if glu else 1:]
+    w = ws[0]
     d = node.dst
     qtype = _weight_type(node, w)
     if len(w.shape) != 3:
         raise BindError(f"{node.name}: expert weights must be [experts, out, in], got {w.shape}")
     _, N, K = w.shape
     _blocks(node, w, "expert weights")
+    if glu:
+        _glu_pair(node, *ws)
     _q8_1_input(node, x, K)
     n_ids = ids.numel
     if d.numel != n_ids * N or x.numel // K not in (1, n_ids):
         raise BindError(f"{node.name}: {n_ids} experts x {N} outputs of {x.numel // K} activation rows do not "
                         f"fill {d.shape}")
-    return KernelCall("mmvq", f"k_mul_mat_vec_q_id_{qtype}", (N, n_ids), (MMVQ_THREADS,),
-                      (arg(d, addr, *like(d, (n_ids, N), node.name)), arg(w, addr), arg(x, addr), arg(ids, addr)),
-                      None, node.outs)
+    grid, rpw = _grid(N, n_ids, len(ws))
+    return KernelCall("mmvq", f"k_mul_mat_vec_q_id_{qtype}{'_glu' if glu else ''}", grid, (MMVQ_THREADS,),
+                      (arg(d, addr, *like(d, (n_ids, N), node.name)), *(arg(v, addr) for v in ws), arg(x, addr),
+                       arg(ids, addr), i32(rpw)), None, node.outs)
 
 
 def _quantize_q8_1(node: Node, addr: Addr) -> KernelCall:
@@ -114,6 +159,7 @@ def _get_rows(node: Node, addr: Addr) -> KernelCall:
                       (arg(d, addr), rows_first(table, addr), arg(ids, addr)), None, node.outs)
 
 
-_BINDERS = {"MUL_MAT": _mul_mat, "MUL_MAT_ID": _mul_mat_id, "QUANTIZE_Q8_1": _quantize_q8_1, "GET_ROWS": _get_rows}
+_BINDERS = {"MUL_MAT": _mul_mat, "MUL_MAT_ADD": _mul_mat, "MUL_MAT_GLU": _mul_mat, "MUL_MAT_ID": _mul_mat_id,
+            "MUL_MAT_ID_GLU": _mul_mat_id, "QUANTIZE_Q8_1": _quantize_q8_1, "GET_ROWS": _get_rows}
 #: ops with a kernel for block-typed views
 QUANTIZED_OPS = frozenset(_BINDERS)

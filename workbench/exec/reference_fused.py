@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import Node
-from .memory import Memory
+from .memory import Memory, decode
 from .reference_base import _out, _src, numpy_op, rms_norm, silu, softmax
 
 
@@ -41,8 +41,6 @@ def op_mul_mat_glu(node: Node, mem: Memory) -> None:
 @numpy_op("MUL_MAT_ID_GLU")
 def op_mul_mat_id_glu(node: Node, mem: Memory) -> None:
     """silu(gate) * up per selected expert, each product as MUL_MAT_ID's twin computes it."""
-    from ..models.weights import to_float32
-
     wg, wu = node.srcs[:2]
     ids = mem.read(node.srcs[3]).astype(np.int64).reshape(-1)
     x = _src(node, mem, 2).reshape(-1, wg.shape[-1])
@@ -51,8 +49,8 @@ def op_mul_mat_id_glu(node: Node, mem: Memory) -> None:
     rg, ru = mem.raw(wg), mem.raw(wu)
     for i, e in enumerate(ids):
         xi = x[i if x.shape[0] > 1 else 0]
-        gate[i] = to_float32(rg[e], wg.dtype) @ xi
-        up[i] = to_float32(ru[e], wu.dtype) @ xi
+        gate[i] = decode(rg[e], wg.dtype) @ xi
+        up[i] = decode(ru[e], wu.dtype) @ xi
     _out(node, mem, silu(gate) * up)
 
 

@@ -23,7 +23,6 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from ..graph import Graph, Node
-from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer
 from .rewrite import last_writer, operand_slot, output_buffers, rebuild, sole_reader, stable_between
 
@@ -95,8 +94,8 @@ def fuse_norm_mul_add(graph: Graph) -> tuple[Graph, list[str]]:
 def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
     """``MUL_MAT(w, x)`` read only by ``ADD(mm, y)`` with ``y`` of the same shape -> ``MUL_MAT_ADD``
     (w, x, y): the addend is added in the mat-vec's epilogue (llama.cpp requires the same shape
-    too, which covers a projection's bias and the residual add after attn_out / ffn_out).
-    Quantised mat-vecs are left alone: they have no fused twin yet."""
+    too, which covers a projection's bias and the residual add after attn_out / ffn_out; its
+    quantised mat-vec, mmvq, takes the same epilogue)."""
 
     def operands(n: Node, a: Node) -> tuple | None:
         k = operand_slot(a, n.dst)
@@ -107,12 +106,34 @@ def fuse_mul_mat_add(graph: Graph) -> tuple[Graph, list[str]]:
             return None
         return (n.srcs[0], n.srcs[1], other)
 
-    return _fuse_into_reader(graph, lambda n: n.op == "MUL_MAT" and not is_quantized(n.srcs[0].dtype), "ADD",
-                             "MUL_MAT_ADD", operands, (0, 1))
+    return _fuse_into_reader(graph, lambda n: n.op == "MUL_MAT", "ADD", "MUL_MAT_ADD", operands, (0, 1))
 
 
 #: the mat-vec op of a GLU's gate and up -> the fused op (``ids`` of MUL_MAT_ID shared by both)
 GLU_FUSED = {"MUL_MAT": "MUL_MAT_GLU", "MUL_MAT_ID": "MUL_MAT_ID_GLU"}
+
+
+def _shared_activation(nodes: list[Node], index, outputs: set[str], mms: list[Node],
+                       prods: list[int]) -> tuple[bool, int | None]:
+    """Whether the gate and up mat-vecs ``mms`` read one activation, and the up's own
+    QUANTIZE_Q8_1 node to drop: quantised weights read a q8_1 copy each (``mat_input``), and the
+    fused kernel reads the gate's, as llama.cpp's fused mmvq quantises its input once. That copy
+    must be of the same float view, unchanged in between, and read by the up mat-vec alone."""
+    xg, xu = mms[0].srcs[1], mms[1].srcs[1]
+    if xg == xu:
+        return True, None
+    if xg.dtype != "q8_1" or xu.dtype != "q8_1":
+        return False, None
+    qg, qu = last_writer(index, xg, prods[0]), last_writer(index, xu, prods[1])
+    if qg is None or qu is None or qg == qu:
+        return False, None
+    a, b = nodes[qg], nodes[qu]
+    if a.op != b.op or a.op != "QUANTIZE_Q8_1" or a.srcs != b.srcs or a.dst.shape != b.dst.shape:
+        return False, None
+    if sole_reader(nodes, index, outputs, qu) != prods[1] or not stable_between(index, a.srcs, min(qg, qu),
+                                                                                  max(qg, qu)):
+        return False, None
+    return True, qu
 
 
 def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
@@ -120,7 +141,7 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
     ``MUL_MAT_GLU`` (wg, wu, x): one kernel streams both weight rows of an output and applies the
     GLU in its epilogue (llama.cpp's gate/up mat-vec fusion, for the kinds in ``GLU_KINDS``). The
     MoE form, two ``MUL_MAT_ID`` of the same activation and expert ids, -> ``MUL_MAT_ID_GLU``
-    (wg, wu, x, ids)."""
+    (wg, wu, x, ids). Quantised weights: the up's QUANTIZE_Q8_1 goes too (``_shared_activation``)."""
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
     outputs = output_buffers(graph)
@@ -134,22 +155,31 @@ def fuse_mul_mat_glu(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         mms = [nodes[p] for p in prods]
         op = mms[0].op
-        if op not in GLU_FUSED or mms[1].op != op or any(is_quantized(m.srcs[0].dtype) for m in mms):
+        if op not in GLU_FUSED or mms[1].op != op:
             continue
         if any(sole_reader(nodes, index, outputs, p) != j for p in prods):
             continue
         if [operand_slot(g, m.dst) for m in mms] != [0, 1]:
             continue
         wg, wu = mms[0].srcs[0], mms[1].srcs[0]
-        if mms[0].srcs[1:] != mms[1].srcs[1:] or wg.shape != wu.shape or wg.dtype != wu.dtype \
+        if mms[0].srcs[2:] != mms[1].srcs[2:] or wg.shape != wu.shape or wg.dtype != wu.dtype \
                 or g.srcs[0].shape != g.srcs[1].shape:
             continue
-        srcs = (wg, wu, *mms[0].srcs[1:])
-        if not stable_between(index, srcs, min(prods), j) or not _writes_apart(g, srcs):
+        shared, up_quantize = _shared_activation(nodes, index, outputs, mms, prods)
+        if not shared or up_quantize in drop:
             continue
+        srcs = (wg, wu, *mms[0].srcs[1:])
+        # the gate's own q8_1 copy may be written after the up's mat-vec: it must hold from the
+        # gate's read on; everything else from the first mat-vec's
+        held = [(v, prods[0] if up_quantize is not None and k == 2 else min(prods)) for k, v in enumerate(srcs)]
+        if any(not stable_between(index, (v, ), lo, j) for v, lo in held) or not _writes_apart(g, srcs):
+            continue
+        absorbed = mms if up_quantize is None else [*mms, nodes[up_quantize]]
         replace[j] = Node(g.name, GLU_FUSED[op], srcs, g.outs,
-                          fused_params(dict(g.params), mms, tuple(range(len(srcs)))))
+                          fused_params(dict(g.params), absorbed, tuple(range(len(srcs)))))
         drop.update(prods)
+        if up_quantize is not None:
+            drop.add(up_quantize)
     return rebuild(graph, replace, drop)
 
 
