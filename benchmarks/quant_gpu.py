@@ -16,7 +16,7 @@ steps of quantised models, written as a markdown table (``--md``) and JSON (``--
    floor (the step's bytes from the cost model / the copy bandwidth).
 
 Usage (on the GPU machine): ``python3 benchmarks/quant_gpu.py --md $OUT/quant_gpu.md
-[--json $OUT/quant_gpu.json] [--reps 20] [--rounds 9] [--tokens 64] [--skip-models]``.
+[--json $OUT/quant_gpu.json] [--reps 20] [--rounds 9] [--tokens 64] [--skip-models | --skip-kernels]``.
 """
 
 from __future__ import annotations
@@ -165,13 +165,14 @@ def main(argv=None) -> int:
     ap.add_argument("--rounds", type=int, default=9)
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--skip-models", action="store_true", help="kernels only")
+    ap.add_argument("--skip-kernels", action="store_true", help="decode steps only")
     args = ap.parse_args(argv)
     import cupy as cp
 
     info = run_info(cp)
     bw = copy_bandwidth(cp)
     print(f"copy bandwidth {bw / 1e9:.0f} GB/s", flush=True)
-    kernels = time_kernels(cp, args.reps, args.rounds, bw)
+    kernels = [] if args.skip_kernels else time_kernels(cp, args.reps, args.rounds, bw)
     models = [] if args.skip_models else run_models(args.tokens, bw)
     Path(args.md).write_text(markdown(info, bw, kernels, models, args))
     if args.json:

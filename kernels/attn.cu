@@ -18,27 +18,60 @@ __device__ __forceinline__ float ldk(const char* p) {
 }
 
 // The last block of head h: merge the S partials (max, sum, acc[D]) in a fixed order, add the
-// attention sink when the model has one, write the output.
+// attention sink when the model has one, write the output. The partials are read from L2
+// (ld.global.cg: other blocks wrote them; the ticket's fence orders those writes), all S of a
+// pass at once: the block's threads stride over the partials for the global max and the sum,
+// the weights exp(m_s - M) go to shared memory, and each output element's loads over s are
+// independent, so a merge costs a few L2 round trips instead of 3 S dependent ones.
+#define FA_COMBINE_S 512
 __device__ __forceinline__ void fa_combine_partials(TV& d, int D, int h, int S, float sink, int has_sinks,
                                                     const float* ws) {
-    const int tid = threadIdx.x;
-    const volatile float* base = ws + (i64)h * S * (D + 2);
-    float Mg = has_sinks ? sink : -WB_INF;
-    for (int s = 0; s < S; ++s) Mg = fmaxf(Mg, base[(i64)s * (D + 2)]);
-    float Lg = has_sinks ? expf(sink - Mg) : 0.0f;
-    for (int s = 0; s < S; ++s) {
-        const float ms = base[(i64)s * (D + 2)];
-        if (ms != -WB_INF) Lg += base[(i64)s * (D + 2) + 1] * expf(ms - Mg);
+    __shared__ float wts[FA_COMBINE_S];
+    const int tid = threadIdx.x, nt = blockDim.x;
+    const float* base = ws + (i64)h * S * (D + 2);
+    float mx = -WB_INF;
+    for (int s = tid; s < S; s += nt) mx = fmaxf(mx, __ldcg(base + (i64)s * (D + 2)));
+    const float Mg = fmaxf(block_max(mx), has_sinks ? sink : -WB_INF);
+    float lsum = 0.0f;
+    for (int s = tid; s < S; s += nt) {
+        const float ms = __ldcg(base + (i64)s * (D + 2));
+        const float w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
+        if (s < FA_COMBINE_S) wts[s] = w;
+        lsum += w == 0.0f ? 0.0f : __ldcg(base + (i64)s * (D + 2) + 1) * w;
     }
+    const float Lg = block_sum(lsum) + (has_sinks ? expf(sink - Mg) : 0.0f);  // block_sum's barrier publishes wts
     const float inv = 1.0f / Lg;
-    for (int j = tid; j < D; j += blockDim.x) {
+    for (int j = tid; j < D; j += nt) {
         float a = 0.0f;
+#pragma unroll 8
         for (int s = 0; s < S; ++s) {
-            const float ms = base[(i64)s * (D + 2)];
-            if (ms != -WB_INF) a += base[(i64)s * (D + 2) + 2 + j] * expf(ms - Mg);
+            float w;
+            if (s < FA_COMBINE_S) {
+                w = wts[s];
+            } else {
+                const float ms = __ldcg(base + (i64)s * (D + 2));
+                w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
+            }
+            if (w != 0.0f) a += __ldcg(base + (i64)s * (D + 2) + 2 + j) * w;
         }
         stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
     }
+}
+
+// Whether this block is the last of the S blocks that share ticket t. The block's partial writes
+// (before the barrier) are released by thread 0's increment and acquired by the last block's
+// (CUTLASS's semaphore: bar.sync, then one acq_rel atomic at GPU scope, then bar.sync): no
+// __threadfence, which waits for every outstanding write of the thread.
+__device__ __forceinline__ bool fa_last_block(int* t, int S) {
+    __shared__ int last;
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int old;
+        asm volatile("atom.acq_rel.gpu.global.add.s32 %0, [%1], 1;" : "=r"(old) : "l"(t) : "memory");
+        last = old == S - 1;
+    }
+    __syncthreads();
+    return last;
 }
 
 // q: [H, D] (axes 2..3); k, v: [n_kv, H_kv, D] (axes 1..3); mask: [n_kv] (axis 3);
@@ -52,7 +85,6 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
     __shared__ float qs[FA_MAXD];
     __shared__ float wm[FA_WARPS], wl[FA_WARPS];
     __shared__ float wacc[FA_WARPS][FA_MAXD];
-    __shared__ int is_last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int h = blockIdx.x, sidx = blockIdx.y, S = gridDim.y;
     const int H = q.n[2], D = q.n[3], n_kv = k.n[1], Hkv = k.n[2];
@@ -123,12 +155,7 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
         part[1] = L;
     }
     PDL_TRIGGER(after_main_loop);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = atomicAdd(&tickets[h], 1) == S - 1;
-    __syncthreads();
-    if (is_last) {
-        __threadfence();
+    if (fa_last_block(&tickets[h], S)) {
         fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
         if (tid == 0) tickets[h] = 0;
     }
@@ -139,7 +166,6 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
 // block of head h merges all S partials in a fixed order and writes the output.
 __device__ __forceinline__ void fa_merge(TV& d, float m_blk, float l_blk, const float* acc_blk, int D, int h,
                                          int sidx, int S, float sink, int has_sinks, float* ws, int* tickets) {
-    __shared__ int last;
     const int tid = threadIdx.x;
     float* part = ws + ((i64)h * S + sidx) * (D + 2);
     for (int j = tid; j < D; j += blockDim.x) part[2 + j] = acc_blk[j];
@@ -147,12 +173,7 @@ __device__ __forceinline__ void fa_merge(TV& d, float m_blk, float l_blk, const 
         part[0] = m_blk;
         part[1] = l_blk;
     }
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) last = atomicAdd(&tickets[h], 1) == S - 1;
-    __syncthreads();
-    if (!last) return;
-    __threadfence();
+    if (!fa_last_block(&tickets[h], S)) return;
     fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
     if (tid == 0) tickets[h] = 0;
 }
@@ -304,7 +325,6 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
     __shared__ float sks[FAG_MAXG];
     __shared__ float red[FAV_WARPS];
     __shared__ float accs[FAV_WARPS][FA_MAXD];
-    __shared__ int is_last;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = blockIdx.x, sidx = blockIdx.y, S = gridDim.y;
     const int H = q.n[2], D = q.n[3], n_kv = k.n[1], Hkv = k.n[2], G = H / Hkv;
@@ -388,12 +408,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
         __syncthreads();  // red / accs are the next head's
     }
     PDL_TRIGGER(after_main_loop);
-    __threadfence();
-    __syncthreads();
-    if (tid == 0) is_last = atomicAdd(&tickets[g], 1) == S - 1;
-    __syncthreads();
-    if (is_last) {
-        __threadfence();
+    if (fa_last_block(&tickets[g], S)) {
         for (int hh = 0; hh < G; ++hh) fa_combine_partials(d, D, g * G + hh, S, sks[hh], has_sinks, ws);
         if (tid == 0) tickets[g] = 0;
     }
