@@ -15,11 +15,11 @@
 // uses the block's float sum s (ds.y), which differs by 8 d4 (s - d8 sum(q8)) per block, about
 // the q8_1 rounding error of the activation. The s that k_quantize_q8_1 writes stays ggml's.
 //
-// Work split (mul_mat_vec_q for one token): a warp per R output rows, its lanes strided
-// over the rows' blocks and reduced by shuffles; MMVQ_WARPS warps a block. llama.cpp gives each row
-// a block of 4 warps and reduces through shared memory: with 16 blocks resident per SM, a block's
-// fixed latency (launch, the activation's first read, two barriers) capped the old kernel at
-// 10-30 % of the copy bandwidth (data/bench/quant_gpu_h200.md). grid = (row groups, activation
+// Work split (mul_mat_vec_q for one token): a warp per R output rows, its lanes strided over the
+// rows' blocks and reduced by shuffles; MMVQ_WARPS warps a block. llama.cpp gives each row a block
+// of 4 warps and reduces through shared memory; with 16 blocks resident per SM, that block's fixed
+// latency held this kernel to 10-30 % of the copy bandwidth on an H200 (the q4_0 lm_head of
+// Llama-3.2-1B took 222 us, now 69: data/bench/quant_peer_h200.md). grid = (row groups, activation
 // rows | selected experts). Under PDL the mat-vec prefetches its first
 // weight blocks to L2 before its wait; the expert variant learns its rows from ids only after it.
 //
