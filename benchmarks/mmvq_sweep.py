@@ -48,8 +48,9 @@ TILE_ROWS = 64
 
 
 def build(cp, qtype: str, N: int, K: int, E: int, n_ids: int, rng):
-    """The quantize + mat-vec graph on device buffers: (the quantize launch's call, the mat-vec's
-    call, the output array, the float64 reference, bytes moved, arrays kept alive)."""
+    """The quantize + mat-vec graph on device buffers: (the quantize and mat-vec launches' calls,
+    the device arrays by buffer name, the tile's dequantised float64 rows, the selected experts,
+    the bytes the mat-vec moves)."""
     b = GraphBuilder("sweep")
     w = b.weight("w", (E, N, K) if E else (N, K), qtype)
     x = b.input("x", (1, K), "f32")

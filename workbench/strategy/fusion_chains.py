@@ -128,7 +128,7 @@ def _shared_activation(nodes: list[Node], index, outputs: set[str], mms: list[No
     if qg is None or qu is None or qg == qu:
         return False, None
     a, b = nodes[qg], nodes[qu]
-    if a.op != b.op or a.op != "QUANTIZE_Q8_1" or a.srcs != b.srcs or a.dst.shape != b.dst.shape:
+    if a.op != "QUANTIZE_Q8_1" or b.op != "QUANTIZE_Q8_1" or a.srcs != b.srcs or a.dst.shape != b.dst.shape:
         return False, None
     if sole_reader(nodes, index, outputs, qu) != prods[1] or not stable_between(index, a.srcs, min(qg, qu),
                                                                                   max(qg, qu)):
