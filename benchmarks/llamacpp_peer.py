@@ -56,7 +56,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workbench.llamacpp.switches import LLAMACPP_FUSION as FUSIONS  # noqa: E402
-from workbench.strategy import Strategy  # noqa: E402
+from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
 
 #: name -> (Strategy as llama.cpp switches, which models: "all" / "gdn", needs a peer patch)
 CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
@@ -95,8 +95,12 @@ TOOLS = ("llamacpp", "llama-bench", "cuda", "sim")
 WEIGHT_DTYPES = ("f16", "q4_0", "q8_0")
 
 
-def ours(strategy: Strategy) -> Strategy:
-    """The workbench's equivalent: concurrent streams need our stream-aware allocator."""
+def ours(strategy: Strategy, own_fusions: bool = False) -> Strategy:
+    """The workbench's equivalent: concurrent streams need our stream-aware allocator; with
+    ``own_fusions`` (``--ours-fusion all``) a config with llama.cpp's fusions on also runs the
+    workbench's own (norm-mat-vec, qkv-rope-store): our best against llama.cpp's best."""
+    if own_fusions and strategy.fusion:
+        strategy = strategy.with_(fusion=strategy.fusion | frozenset(WORKBENCH_FUSIONS))
     return strategy.with_(allocator="stream-aware") if strategy.streams == "qkv" else strategy
 
 
@@ -225,9 +229,11 @@ class Bench:
             if self.llama_bench:
                 self.measure("llama-bench", dict(common, pair=pair), lambda: self.bench_tool(gguf, env))
         if not self.args.no_ours:
-            self.measure("cuda", common, lambda: self.workbench(cfg, ours(strategy), ids, "cuda"))
+            mine = ours(strategy, self.args.ours_fusion == "all")
+            tag = {"ours_fusion": self.args.ours_fusion} if self.args.ours_fusion != "llamacpp" else {}
+            self.measure("cuda", dict(common, **tag), lambda: self.workbench(cfg, mine, ids, "cuda"))
             if rnd == 0:
-                self.measure("sim", common, lambda: self.workbench(cfg, ours(strategy), ids, "sim"))
+                self.measure("sim", dict(common, **tag), lambda: self.workbench(cfg, mine, ids, "sim"))
 
     def measure(self, tool: str, common: dict, fn) -> None:
         try:
@@ -445,6 +451,8 @@ def main() -> int:
                    help="seconds one configuration may take: none starts with less budget left (default 45)")
     p.add_argument("--ours-runs", type=int, default=3, help="cuda backend runs per round")
     p.add_argument("--no-ours", action="store_true", help="llama.cpp and llama-bench only")
+    p.add_argument("--ours-fusion", default="llamacpp", choices=("llamacpp", "all"),
+                   help="ours with llama.cpp's fusion set (default), or with the workbench's own fusions added")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", 1e9)))
     p.add_argument("--jsonl", default="out/llamacpp_peer.jsonl")
     p.add_argument("--md", help="markdown summary (default: the jsonl's name with .md)")

@@ -178,5 +178,20 @@ __device__ __forceinline__ float block_max(float v) {
     return warp_max(v);
 }
 
+// One q8_1 block (f16 d, f16 s, int8 qs[32]: 36 bytes at yb) from the 32 values a warp holds, lane
+// c holding value c: d = amax / 127, q = roundf(x / d), s = the block's float sum, as ggml's
+// quantize_q8_1 writes it. Every lane of the warp must call it.
+__device__ __forceinline__ void warp_store_q8_1(char* yb, float v, int c) {
+    const float amax = warp_max(fabsf(v));
+    const float sum = warp_sum(v);
+    const float dd = amax / 127.0f;
+    const int q = amax == 0.0f ? 0 : (int)roundf(v / dd);
+    yb[4 + c] = (char)q;
+    if (c == 0) {
+        *(u16*)yb = f2h(dd);
+        *(u16*)(yb + 2) = f2h(sum);
+    }
+}
+
 __device__ __forceinline__ float silu_f(float x) { return x / (1.0f + expf(-x)); }
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + expf(-x)); }

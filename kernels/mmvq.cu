@@ -169,19 +169,20 @@ template <> __device__ __forceinline__ float vec_dot<QT_Q4_K>(const u8* b, const
 }
 
 // The dots of this warp's R weight rows `wr` with the activation row `y` (its q8_1 blocks,
-// contiguous): lane takes words iqs.. of blocks lane / TPB, strided by the 32 / TPB blocks a warp
-// pass covers. The R rows share each pass, and U passes issue their loads together, so a warp
-// keeps R x U blocks per lane in flight instead of paying a DRAM round trip per pass.
+// contiguous): lane takes words iqs.. of blocks part * 32 / TPB + lane / TPB, strided by the
+// 32 / TPB blocks a warp pass covers times the `parts` warps that share the rows (split-K). The R
+// rows share each pass, and U passes issue their loads together, so a warp keeps R x U blocks per
+// lane in flight instead of paying a DRAM round trip per pass.
 template <int T, int R, int U>
-__device__ __forceinline__ void rows_dot_q(const u8* const (&wr)[R], const u8* y, int nblocks, int lane,
-                                           float (&acc)[R]) {
+__device__ __forceinline__ void rows_dot_q(const u8* const (&wr)[R], const u8* y, int nblocks, int lane, int part,
+                                           int parts, float (&acc)[R]) {
     typedef QTraits<T> Q;
     constexpr int TPB = Q::QI / Q::VDR, STEP = 32 / TPB;
-    const int iqs = Q::VDR * (lane % TPB);
-    for (int kb0 = lane / TPB; kb0 < nblocks; kb0 += STEP * U) {
+    const int iqs = Q::VDR * (lane % TPB), stride = STEP * parts;
+    for (int kb0 = part * STEP + lane / TPB; kb0 < nblocks; kb0 += stride * U) {
 #pragma unroll
         for (int u = 0; u < U; ++u) {
-            const int kb = kb0 + u * STEP;
+            const int kb = kb0 + u * stride;
             if (kb < nblocks) {
                 const u8* yb = y + (i64)kb * (Q::QK / QK8_1) * Q8_1_BYTES;
 #pragma unroll
@@ -192,7 +193,8 @@ __device__ __forceinline__ void rows_dot_q(const u8* const (&wr)[R], const u8* y
 }
 
 // rows_per_warp `rpw` (uniform over the grid) picks the instance: 4, 2, else 1 (two matrices:
-// 2, else 1, so a GLU warp keeps at most as many rows in flight as a plain one).
+// 2, else 1, so a GLU warp keeps at most as many rows in flight as a plain one). Warps that split
+// a row's blocks (wpr > 1) own one row each: the binder passes rpw = 1 with them.
 #define MMVQ_DISPATCH(F, T, G, ...)                                                                     \
     (rpw == 4 && G == 1 ? F<T, 4, G>(__VA_ARGS__) : rpw >= 2 ? F<T, 2, G>(__VA_ARGS__) : F<T, 1, G>(__VA_ARGS__))
 
@@ -211,17 +213,18 @@ __device__ __forceinline__ i64 q_row_off(const TV& w, i64 e, int row, int N) {
 }
 
 // The R rows from row0 of a warp in each of the G matrices w[0..G-1] (a gate and an up for G = 2):
-// their dots with y, warp-reduced into sums[g][0..R-1] (every lane).
+// their dots with y over this warp's share of the blocks (part of parts), warp-reduced into
+// sums[g][0..R-1] (every lane).
 template <int T, int R, int G>
 __device__ __forceinline__ void warp_rows(const TV (&w)[G], i64 e, const u8* y, int N, int nb, int row0, int lane,
-                                          float (&sums)[G][MMVQ_MAX_RPW]) {
+                                          int part, int parts, float (&sums)[G][MMVQ_MAX_RPW]) {
     const u8* wr[G * R];
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
         for (int r = 0; r < R; ++r) wr[g * R + r] = (const u8*)(w[g].p + q_row_off(w[g], e, row0 + r, N));
     float acc[G * R] = {};
-    rows_dot_q<T, G * R, MMVQ_U(G * R)>(wr, y, nb, lane, acc);
+    rows_dot_q<T, G * R, MMVQ_U(G * R)>(wr, y, nb, lane, part, parts, acc);
 #pragma unroll
     for (int g = 0; g < G; ++g)
 #pragma unroll
@@ -244,138 +247,159 @@ __device__ __forceinline__ void store_rows(TV d, TV b, i64 out, int row0, int N,
     }
 }
 
+// Warps that split a row's blocks (wpr > 1, one row each): part 0 of each group adds the other
+// parts' sums, in part order (a barrier: every thread of the block calls it).
+template <int G>
+__device__ __forceinline__ void parts_sum(int wpr, int warp, int lane, float (&sums)[G][MMVQ_MAX_RPW]) {
+    if (wpr == 1) return;
+    __shared__ float red[MMVQ_WARPS][G];
+    if (lane == 0)
+#pragma unroll
+        for (int g = 0; g < G; ++g) red[warp][g] = sums[g][0];
+    __syncthreads();
+    if (warp % wpr == 0)
+        for (int p = 1; p < wpr; ++p)
+#pragma unroll
+            for (int g = 0; g < G; ++g) sums[g][0] += red[warp + p][g];
+}
+
 // MUL_MAT (+ ADD, GLU): d (flat [M, N]) = epilogue(w . x), w rows flat over TV axes 0..2 with K on
 // axis 3 (G of them: the gate and the up of GLU), x q8_1 [M, K]; b the ADD's addend, aligned to d.
-// Warp `warp` of block i owns the `rpw` consecutive rows from (i MMVQ_WARPS + warp) rpw.
+// Warp `warp` of block i is part warp % wpr of group (i MMVQ_WARPS + warp) / wpr, which owns
+// the `rpw` consecutive rows from that group index times rpw.
 template <int T, int EPI, int G>
-__device__ __forceinline__ void mmvq(TV d, const TV (&w)[G], TV x, TV b, int rpw) {
+__device__ __forceinline__ void mmvq(TV d, const TV (&w)[G], TV x, TV b, int rpw, int wpr) {
     typedef QTraits<T> Q;
     constexpr int TPB = Q::QI / Q::VDR;
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    const int lane = threadIdx.x % 32, m = blockIdx.y, N = tv_rows(w[0]), nb = w[0].n[3] / Q::QK;
-    const int row0 = (blockIdx.x * MMVQ_WARPS + (int)threadIdx.x / 32) * rpw;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % wpr, m = blockIdx.y;
+    const int N = tv_rows(w[0]), nb = w[0].n[3] / Q::QK, kb = part * (32 / TPB) + lane / TPB;
+    const int row0 = (blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr) * rpw;
     // weights never change during a step: this lane's first blocks head for L2 before the wait
-    if (lane / TPB < nb)
+    if (kb < nb)
         for (int g = 0; g < G; ++g)
             for (int r = 0; r < rpw; ++r)
                 asm volatile("prefetch.global.L2 [%0];" ::"l"(w[g].p + q_row_off(w[g], -1, row0 + r, N) +
-                                                                (i64)(lane / TPB) * Q::BYTES));
+                                                                (i64)kb * Q::BYTES));
     PDL_WAIT(first_read);
     const u8* y = (const u8*)(x.p + tv_row_off(x, x.n, m));
     const int y0 = *(const volatile int*)y;  // the first dependent read (the `late` placement's race)
     PDL_WAIT(late);
     float sums[G][MMVQ_MAX_RPW] = {};
-    MMVQ_DISPATCH(warp_rows, T, G, w, -1, y, N, nb, row0, lane, sums);
+    MMVQ_DISPATCH(warp_rows, T, G, w, -1, y, N, nb, row0, lane, part, wpr, sums);
     sums[0][0] += (float)(y0 & 0);
     PDL_TRIGGER(after_main_loop);
-    store_rows<EPI, G>(d, b, (i64)m * N, row0, N, rpw, lane, sums);
+    parts_sum<G>(wpr, warp, lane, sums);
+    if (part == 0) store_rows<EPI, G>(d, b, (i64)m * N, row0, N, rpw, lane, sums);
     PDL_TRIGGER(end);
 }
 
 // MUL_MAT_ID (+ GLU): d[i] (flat [n_ids, N]) = epilogue(w[ids[i]] . x[i or 0]), w [E, N, K] on TV
 // axes 1..3 (G of them); the warps' rows as in mmvq, blockIdx.y the selected expert's slot.
 template <int T, int EPI, int G>
-__device__ __forceinline__ void mmvq_id(TV d, const TV (&w)[G], TV x, TV ids, int rpw) {
+__device__ __forceinline__ void mmvq_id(TV d, const TV (&w)[G], TV x, TV ids, int rpw, int wpr) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    const int lane = threadIdx.x % 32, slot = blockIdx.y, N = w[0].n[2], nb = w[0].n[3] / QTraits<T>::QK;
-    const int row0 = (blockIdx.x * MMVQ_WARPS + (int)threadIdx.x / 32) * rpw;
+    const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, part = warp % wpr, slot = blockIdx.y;
+    const int N = w[0].n[2], nb = w[0].n[3] / QTraits<T>::QK;
+    const int row0 = (blockIdx.x * (MMVQ_WARPS / wpr) + warp / wpr) * rpw;
     const int xrows = tv_rows(x);
     PDL_WAIT(first_read);
     const i64 e = ldi_v(ids.p + tv_off(ids, ids.n, slot), ids.dt);
     PDL_WAIT(late);
     const u8* y = (const u8*)(x.p + tv_row_off(x, x.n, xrows > 1 ? slot : 0));
     float sums[G][MMVQ_MAX_RPW] = {};
-    MMVQ_DISPATCH(warp_rows, T, G, w, e, y, N, nb, row0, lane, sums);
+    MMVQ_DISPATCH(warp_rows, T, G, w, e, y, N, nb, row0, lane, part, wpr, sums);
     PDL_TRIGGER(after_main_loop);
-    store_rows<EPI, G>(d, d, (i64)slot * N, row0, N, rpw, lane, sums);
+    parts_sum<G>(wpr, warp, lane, sums);
+    if (part == 0) store_rows<EPI, G>(d, d, (i64)slot * N, row0, N, rpw, lane, sums);
     PDL_TRIGGER(end);
 }
 
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0(TV d, TV w, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0(TV d, TV w, TV x, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq<QT_Q8_0, EPI_NONE, 1>(d, ws, x, d, rpw);
+    mmvq<QT_Q8_0, EPI_NONE, 1>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0_add(TV d, TV w, TV x, int rpw, TV b) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0_add(TV d, TV w, TV x, int rpw, int wpr, TV b) {
     const TV ws[1] = {w};
-    mmvq<QT_Q8_0, EPI_ADD, 1>(d, ws, x, b, rpw);
+    mmvq<QT_Q8_0, EPI_ADD, 1>(d, ws, x, b, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q8_0_glu(TV d, TV wg, TV wu, TV x, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq<QT_Q8_0, EPI_GLU, 2>(d, ws, x, d, rpw);
+    mmvq<QT_Q8_0, EPI_GLU, 2>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q8_0(TV d, TV w, TV x, TV ids, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q8_0(TV d, TV w, TV x, TV ids, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq_id<QT_Q8_0, EPI_NONE, 1>(d, ws, x, ids, rpw);
+    mmvq_id<QT_Q8_0, EPI_NONE, 1>(d, ws, x, ids, rpw, wpr);
 }
 extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q8_0_glu(TV d, TV wg, TV wu, TV x,
-                                                                                     TV ids, int rpw) {
+                                                                                     TV ids, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq_id<QT_Q8_0, EPI_GLU, 2>(d, ws, x, ids, rpw);
+    mmvq_id<QT_Q8_0, EPI_GLU, 2>(d, ws, x, ids, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0(TV d, TV w, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0(TV d, TV w, TV x, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq<QT_Q4_0, EPI_NONE, 1>(d, ws, x, d, rpw);
+    mmvq<QT_Q4_0, EPI_NONE, 1>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0_add(TV d, TV w, TV x, int rpw, TV b) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0_add(TV d, TV w, TV x, int rpw, int wpr, TV b) {
     const TV ws[1] = {w};
-    mmvq<QT_Q4_0, EPI_ADD, 1>(d, ws, x, b, rpw);
+    mmvq<QT_Q4_0, EPI_ADD, 1>(d, ws, x, b, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_0_glu(TV d, TV wg, TV wu, TV x, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq<QT_Q4_0, EPI_GLU, 2>(d, ws, x, d, rpw);
+    mmvq<QT_Q4_0, EPI_GLU, 2>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_0(TV d, TV w, TV x, TV ids, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_0(TV d, TV w, TV x, TV ids, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq_id<QT_Q4_0, EPI_NONE, 1>(d, ws, x, ids, rpw);
+    mmvq_id<QT_Q4_0, EPI_NONE, 1>(d, ws, x, ids, rpw, wpr);
 }
 extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_0_glu(TV d, TV wg, TV wu, TV x,
-                                                                                     TV ids, int rpw) {
+                                                                                     TV ids, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq_id<QT_Q4_0, EPI_GLU, 2>(d, ws, x, ids, rpw);
+    mmvq_id<QT_Q4_0, EPI_GLU, 2>(d, ws, x, ids, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k(TV d, TV w, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k(TV d, TV w, TV x, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq<QT_Q4_K, EPI_NONE, 1>(d, ws, x, d, rpw);
+    mmvq<QT_Q4_K, EPI_NONE, 1>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k_add(TV d, TV w, TV x, int rpw, TV b) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k_add(TV d, TV w, TV x, int rpw, int wpr, TV b) {
     const TV ws[1] = {w};
-    mmvq<QT_Q4_K, EPI_ADD, 1>(d, ws, x, b, rpw);
+    mmvq<QT_Q4_K, EPI_ADD, 1>(d, ws, x, b, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_q4_k_glu(TV d, TV wg, TV wu, TV x, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq<QT_Q4_K, EPI_GLU, 2>(d, ws, x, d, rpw);
+    mmvq<QT_Q4_K, EPI_GLU, 2>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_k(TV d, TV w, TV x, TV ids, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_k(TV d, TV w, TV x, TV ids, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq_id<QT_Q4_K, EPI_NONE, 1>(d, ws, x, ids, rpw);
+    mmvq_id<QT_Q4_K, EPI_NONE, 1>(d, ws, x, ids, rpw, wpr);
 }
 extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_q4_k_glu(TV d, TV wg, TV wu, TV x,
-                                                                                     TV ids, int rpw) {
+                                                                                     TV ids, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq_id<QT_Q4_K, EPI_GLU, 2>(d, ws, x, ids, rpw);
+    mmvq_id<QT_Q4_K, EPI_GLU, 2>(d, ws, x, ids, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4(TV d, TV w, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4(TV d, TV w, TV x, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq<QT_MXFP4, EPI_NONE, 1>(d, ws, x, d, rpw);
+    mmvq<QT_MXFP4, EPI_NONE, 1>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4_add(TV d, TV w, TV x, int rpw, TV b) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4_add(TV d, TV w, TV x, int rpw, int wpr, TV b) {
     const TV ws[1] = {w};
-    mmvq<QT_MXFP4, EPI_ADD, 1>(d, ws, x, b, rpw);
+    mmvq<QT_MXFP4, EPI_ADD, 1>(d, ws, x, b, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4_glu(TV d, TV wg, TV wu, TV x, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_mxfp4_glu(TV d, TV wg, TV wu, TV x, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq<QT_MXFP4, EPI_GLU, 2>(d, ws, x, d, rpw);
+    mmvq<QT_MXFP4, EPI_GLU, 2>(d, ws, x, d, rpw, wpr);
 }
-extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_mxfp4(TV d, TV w, TV x, TV ids, int rpw) {
+extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_mxfp4(TV d, TV w, TV x, TV ids, int rpw, int wpr) {
     const TV ws[1] = {w};
-    mmvq_id<QT_MXFP4, EPI_NONE, 1>(d, ws, x, ids, rpw);
+    mmvq_id<QT_MXFP4, EPI_NONE, 1>(d, ws, x, ids, rpw, wpr);
 }
 extern "C" __global__ void __launch_bounds__(MMVQ_WARPS * 32) k_mul_mat_vec_q_id_mxfp4_glu(TV d, TV wg, TV wu, TV x,
-                                                                                     TV ids, int rpw) {
+                                                                                     TV ids, int rpw, int wpr) {
     const TV ws[2] = {wg, wu};
-    mmvq_id<QT_MXFP4, EPI_GLU, 2>(d, ws, x, ids, rpw);
+    mmvq_id<QT_MXFP4, EPI_GLU, 2>(d, ws, x, ids, rpw, wpr);
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -393,16 +417,8 @@ extern "C" __global__ void __launch_bounds__(256) k_quantize_q8_1(TV y, TV x) {
     PDL_WAIT(first_read);
     const float xi = ldf_v(x.p + ox, x.dt);
     PDL_WAIT(late);
-    const float amax = warp_max(fabsf(xi));
-    const float sum = warp_sum(xi);
-    const float dd = amax / 127.0f;
-    const int q = amax == 0.0f ? 0 : (int)roundf(xi / dd);
     PDL_TRIGGER(after_main_loop);
-    yb[4 + (c % QK8_1)] = (char)q;
-    if (c % QK8_1 == 0) {
-        *(u16*)yb = f2h(dd);
-        *(u16*)(yb + 2) = f2h(sum);
-    }
+    warp_store_q8_1(yb, xi, c % QK8_1);
     PDL_TRIGGER(end);
 }
 

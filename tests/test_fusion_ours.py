@@ -45,13 +45,17 @@ EXPECTED = {
 }
 CASES = [(m, f) for m in TINY_PRESETS for f in OURS if EXPECTED[m][f]]
 OURS_OPS = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS")
+#: norm-mat-vec's form before quantised mat-vecs: the norm kernel writing q8_1
+OURS_Q8_1_OPS = ("RMS_NORM_MUL_Q8_1",)
 
 
 def test_declared_once_everywhere():
     assert tuple(WORKBENCH_FUSIONS) == OURS and set(OURS) <= set(FUSIONS)
     assert not set(OURS) & ALL_ON.fusion and ALL_ON_OURS.fusion == frozenset(FUSIONS)
-    assert {op for op, f in FUSED_OPS.items() if f in OURS} == set(OURS_OPS) == set(WORKBENCH_ONLY_KERNELS)
+    ours = {op for op, f in FUSED_OPS.items() if f in OURS}
+    assert ours == {*OURS_OPS, *OURS_Q8_1_OPS} == set(WORKBENCH_ONLY_KERNELS)
     assert all(FUSED_BASE[op][0] == "MUL_MAT" for op in OURS_OPS) and set(STAGED_OPS) == set(OURS_OPS)
+    assert all(FUSED_BASE[op][0] == "RMS_NORM" for op in OURS_Q8_1_OPS)
 
 
 @pytest.mark.parametrize("model", TINY_PRESETS)
@@ -99,10 +103,35 @@ def test_gpt_oss_biased_projections_fuse_with_mul_mat_add():
     assert len(normed.srcs) == 11 and "eps" in normed.params  # + the attention norm, last
 
 
-def test_quantized_weights_are_left_alone():
-    g = build_graph(preset("llama-tiny", weight_dtype="q8_0"))
-    for fusion in OURS:
-        assert apply_fusions(g, {fusion})[1] == [], fusion
+@pytest.mark.parametrize("model", TINY_PRESETS)
+def test_quantised_mat_vecs_share_one_normed_q8_1_copy(model):
+    """Before quantised mat-vecs norm-mat-vec folds the norm into their q8_1 copy: each norm read
+    only by QUANTIZE_Q8_1 nodes becomes one RMS_NORM_MUL_Q8_1 whose blocks every one of those
+    mat-vecs reads (the Q/K/V norm: 1 kernel for 4); qkv-rope-store leaves them alone. The
+    logits stay bit for bit (the reference quantises the same float32 values) and --streams
+    qkv still forks after the fused norm."""
+    cfg = preset(model, context=16, weight_dtype="q8_0")
+    g = build_graph(cfg)
+    assert apply_fusions(g, {"qkv-rope-store"})[1] == []
+    fused, removed = apply_fusions(g, {"norm-mat-vec"})
+    norms = [n for n in fused.nodes if n.op == "RMS_NORM_MUL_Q8_1"]
+    attn_q = [n for n in g.nodes if n.op == "FLASH_ATTN_EXT"]
+    assert len(norms) >= len(attn_q) + 1  # every attention norm and the output norm at least
+    for n in norms:
+        readers = [r for r in fused.nodes if any(s.overlaps(n.dst) for s in r.srcs)]
+        assert readers and all(r.op in ("MUL_MAT", "MUL_MAT_ID") and r.srcs[0].dtype == "q8_0" for r in readers)
+    qkv = [n for n in norms if sum(any(s.overlaps(n.dst) for s in r.srcs) for r in fused.nodes) == 3]
+    assert qkv, "no Q/K/V norm shares its copy"
+    gone = sum(n.op == "QUANTIZE_Q8_1" for n in g.nodes) - sum(n.op == "QUANTIZE_Q8_1" for n in fused.nodes)
+    assert gone == len(removed) - sum(len(n.params["fused"]) for n in norms) + len(norms)
+    weights = random_weights(g, 0)
+    base = run_reference(cfg, weights, [3, 17]).logits
+    s = Strategy(fusion=frozenset({"norm-mat-vec"}), streams="qkv", allocator="stream-aware")
+    got = run_reference(cfg, weights, [3, 17],
+                        graph_for=lambda pos: compile_plan(build_graph(cfg, pos=pos), s).graph).logits
+    np.testing.assert_array_equal(got, base)
+    plan = compile_plan(g, s)
+    assert plan.n_streams == 3 and verify(plan).race_free
 
 
 @pytest.mark.parametrize("model", TINY_PRESETS)

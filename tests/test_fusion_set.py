@@ -27,7 +27,7 @@ from workbench.strategy.fusion import PASSES, apply_fusions
 from workbench.strategy.fusion_chains import FUSED_OPS, MAX_ADD_OPERANDS
 from workbench.verify import verify
 from workbench.verify.seeded import SEEDED_BUGS
-from workbench.verify.seeded_fusions import FUSION_GRAPHS, fused_plan
+from workbench.verify.seeded_fusions import FUSION_GRAPHS, fused_plan, fusion_of
 from workbench.verify.sweep import fusion_sets
 
 NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe")
@@ -147,16 +147,17 @@ def test_qkv_streams_still_fork_with_biased_projections():
     assert plan.n_streams == 3
 
 
-@pytest.mark.parametrize("fusion", list(FUSION_GRAPHS))
-def test_seeded_stale_events_flagged_and_fixed(fusion):
+@pytest.mark.parametrize("label", list(FUSION_GRAPHS))
+def test_seeded_stale_events_flagged_and_fixed(label):
     """The fused node without its first node's wait races with ``side``; with it, race-free."""
-    bug = next(b for b in SEEDED_BUGS if b.name == f"{fusion}-stale-events")
+    bug = next(b for b in SEEDED_BUGS if b.name == f"{label}-stale-events")
     report = verify(bug.plan())
     found = {(r.cause, r.first.node, r.second.node) for r in report.races}
     assert bug.expect in found, found
     race = next(r for r in report.races if (r.cause, r.first.node, r.second.node) == bug.expect)
+    fusion = fusion_of(label)
     assert fusion in race.text() and any(op in race.text() for op in OPS_OF[fusion])
-    assert verify(fused_plan(fusion, waits=True)).race_free
+    assert verify(fused_plan(label, waits=True)).race_free
 
 
 def test_sweep_covers_every_fusion_without_subsets():

@@ -39,7 +39,8 @@ def test_every_quantised_node_binds(name, qtype):
         assert call.source in SOURCES and all(g >= 1 for g in call.grid), call
         assert any(re.search(rf"\b{call.name}\(", text) for text in src.values()), call.name
         if any(is_quantized(v.dtype) for v in (*node.srcs, *node.outs)):
-            assert node.op in QUANTIZED_OPS and call.source == "mmvq", (node.name, call.name)
+            # the mmvq kernels, and the norm kernel that writes a q8_1 copy (norm-mat-vec)
+            assert node.op in QUANTIZED_OPS and call.source in ("mmvq", "norm"), (node.name, call.name)
             quantised += 1
     # q4_k's 256-value blocks do not divide the tiny presets' rows: everything falls back to f16
     assert quantised > 0 or qtype == "q4_k"

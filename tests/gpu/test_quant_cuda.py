@@ -82,6 +82,14 @@ def _weights(rng, shape: tuple[int, ...], qtype: str) -> np.ndarray:
     return quantize((rng.standard_normal(shape) / np.sqrt(shape[-1])).astype(np.float32), qtype)
 
 
+def _tiled_weights(rng, shape: tuple[int, ...], qtype: str, tile: int = 64) -> np.ndarray:
+    """``tile`` quantised rows repeated over ``shape`` (q4_k's NumPy quantiser is slow on whole
+    expert stacks; the kernels' indexing sees distinct rows within each tile)."""
+    rows = int(np.prod(shape[:-1]))
+    blocks = _weights(rng, (tile, shape[-1]), qtype)
+    return np.tile(blocks.reshape(tile, -1), (-(-rows // tile), 1))[:rows].reshape(*shape[:-1], -1)
+
+
 def _close(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.abs(got.astype(np.float64) - want).max() / max(np.abs(want).max(), 1e-30))
 
@@ -170,6 +178,60 @@ def test_fused_mul_mat_vec_q(op, qtype, N, K, E, n_ids):
     assert err <= KERNEL_TOL, f"{op} {qtype} {N}x{K}: rel err {err:.3g}"
 
 
+#: (rows per warp, warps per row) the mmvq kernels take (cuda_quant_ops.mmvq_split picks one by size)
+SPLITS = [(1, 1), (2, 1), (4, 1), (1, 2), (1, 4)]
+
+
+@pytest.mark.parametrize("split", SPLITS, ids=[f"r{r}w{w}" for r, w in SPLITS])
+@pytest.mark.parametrize("qtype", QTYPES)
+def test_every_work_split_matches(qtype, split, monkeypatch):
+    """Every work split of the mmvq kernels, forced on one shape with a partial last row group:
+    the plain, GLU and expert-GLU forms against the reference (the binder picks splits by output
+    count, so the full-size tests above reach only some of them)."""
+    from workbench.exec import cuda_quant_ops
+
+    monkeypatch.setattr(cuda_quant_ops, "mmvq_split", lambda rows, K: split)
+    rng = np.random.default_rng(7)
+    N, K, E, n_ids = 1003, 2048, 4, 2
+    b = GraphBuilder("mmvq_split")
+    w = [b.weight(f"w{i}", (N, K), qtype) for i in range(2)]
+    we = [b.weight(f"we{i}", (E, N, K), qtype) for i in range(2)]
+    x = b.input("x", (1, K), "f32")
+    ids = b.input("ids", (n_ids,), "i32")
+    xq = b.op("QUANTIZE_Q8_1", "x_q8_1", [x], (1, K), dtype="q8_1")
+    outs = [b.op("MUL_MAT", "plain", [w[0], xq], (1, N)), b.op("MUL_MAT_GLU", "glu", [*w, xq], (1, N), glu="swiglu"),
+            b.op("MUL_MAT_ID_GLU", "id_glu", [*we, xq, ids], (n_ids, N), glu="swiglu")]
+    g = b.build()
+    weights = {**{f"w{i}": _tiled_weights(rng, (N, K), qtype) for i in range(2)},
+               **{f"we{i}": _tiled_weights(rng, (E, N, K), qtype) for i in range(2)}}
+    gpu, ref = _run_graph(g, weights, {"x": rng.standard_normal((1, K)), "ids": np.array([3, 1], np.int32)})
+    for out in outs:
+        err = _close(gpu.read(out), ref.read(out).astype(np.float64))
+        assert err <= KERNEL_TOL, f"{qtype} {split} {out.buffer.name}: rel err {err:.3g}"
+
+
+@pytest.mark.parametrize("K", [2048, 2880, 4096])
+def test_rms_norm_mul_q8_1(K):
+    """norm-mat-vec's normed q8_1 copy (k_rms_norm_mul_q8_1) against RMS_NORM, MUL and
+    QUANTIZE_Q8_1 of the reference: the same blocks, but for the norm's sum of squares, whose
+    summation order differs, so a value within an ulp of a rounding boundary may flip by one
+    quant step (d) and d itself by an f16 ulp."""
+    rng = np.random.default_rng(K)
+    b = GraphBuilder("norm_q8_1")
+    x = b.input("x", (1, K), "f32")
+    nw = b.weight("w_norm", (K,), "f32")
+    y = b.op("RMS_NORM_MUL_Q8_1", "normed_q8_1", [x, nw], (1, K), dtype="q8_1", eps=1e-6)
+    g = b.build()
+    gpu, ref = _run_graph(g, {"w_norm": (1 + 0.1 * rng.standard_normal(K)).astype(np.float32)},
+                          {"x": 3 * rng.standard_normal((1, K))})
+    qg, qr = gpu.raw(y).reshape(-1, 36), ref.raw(y).reshape(-1, 36)
+    dg, dr = (np.ascontiguousarray(a[:, :2]).view("<f2")[:, 0].astype(np.float32) for a in (qg, qr))
+    assert np.all(np.abs(dg - dr) <= np.abs(np.spacing(dr.astype(np.float16))).astype(np.float32))
+    flips = np.abs(qg[:, 4:].view(np.int8).astype(int) - qr[:, 4:].view(np.int8).astype(int))
+    assert flips.max() <= 1 and flips.mean() < 1e-2, (flips.max(), flips.mean())
+    record(test="rms_norm_mul_q8_1", K=K, flipped=int(flips.sum()))
+
+
 @pytest.mark.parametrize("qtype", QTYPES)
 def test_get_rows_of_a_quantised_table(qtype):
     """Token embeddings stored quantised: the rows dequantise exactly as the reference's."""
@@ -208,8 +270,9 @@ def test_tiny_presets_match_reference(model, qtype, strategy):
     assert err <= MODEL_TOL, f"{model} {qtype} {strategy}: logits rel err {err:.3g} > {MODEL_TOL}"
 
 
-#: llama.cpp's fusions that take quantised mat-vecs, and their neighbours
-MMVQ_FUSIONS = frozenset({"mul-mat-add", "mul-mat-glu", "rms-norm-mul", "add-chain"})
+#: the fusions that take quantised mat-vecs (llama.cpp's mmvq epilogues, the workbench's
+#: norm-mat-vec into one q8_1 copy), and their neighbours
+MMVQ_FUSIONS = frozenset({"mul-mat-add", "mul-mat-glu", "rms-norm-mul", "add-chain", "norm-mat-vec"})
 
 
 @pytest.mark.parametrize("fusion", ["none", "mmvq"])
@@ -217,7 +280,7 @@ MMVQ_FUSIONS = frozenset({"mul-mat-add", "mul-mat-glu", "rms-norm-mul", "add-cha
 @pytest.mark.parametrize("model", TINY)
 def test_every_quantised_node_matches_reference(model, qtype, fusion):
     """One decode step node by node (no-reuse allocation keeps every output), unfused and with
-    llama.cpp's fusions that take quantised mat-vecs: names the first nodes whose kernel
+    the fusions that take quantised mat-vecs: names the first nodes whose kernel
     disagrees with its NumPy twin, which is where a bug would be."""
     from test_cuda_nodes import _gpu_memory
 

@@ -69,6 +69,7 @@ WORKBENCH_ONLY_KERNELS = {
     "RMS_NORM_MUL_MAT": "k_mul_mat_vec_norm",
     "RMS_NORM_MUL_MAT_GLU": "k_mul_mat_vec_glu_norm",
     "QKV_ROPE_SET_ROWS": "k_mul_mat_vec_qkv_rope",
+    "RMS_NORM_MUL_Q8_1": "k_rms_norm_mul_q8_1",
 }
 
 #: fused op -> (the op whose kernel it extends, the suffix of its ``cuda`` kernel's name): the
@@ -82,7 +83,9 @@ FUSED_BASE = {"RMS_NORM_MUL_ADD": ("RMS_NORM", "_mul_add"),
               # the workbench's own: the block mat-vec's main loop after a prologue that stages
               # the (normed) activation in shared memory (kernels/fused_mat_vec.cu)
               "RMS_NORM_MUL_MAT": ("MUL_MAT", "_norm"), "RMS_NORM_MUL_MAT_GLU": ("MUL_MAT", "_glu_norm"),
-              "QKV_ROPE_SET_ROWS": ("MUL_MAT", "_qkv_rope")}
+              "QKV_ROPE_SET_ROWS": ("MUL_MAT", "_qkv_rope"),
+              # the norm kernel storing q8_1 blocks (kernels/norm.cu NORM_RMS_MUL_Q8_1)
+              "RMS_NORM_MUL_Q8_1": ("RMS_NORM", "_mul_q8_1")}
 #: fused ops whose kernel stages the activation row in a prologue before the main loop
 #: (``prologue_ns``): every block reads the row (and the norm weight, and reduces sum(x^2))
 STAGED_OPS = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS")
@@ -147,8 +150,8 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
     if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
         return max(1, dst.numel), 256                      # rows of every selected expert
-    if op in ("RMS_NORM", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "L2_NORM", "NORM_GATED", "SOFT_MAX", "ARGSORT_TOP_K",
-              "SUM_ROWS", "TOPK_MOE"):
+    if op in ("RMS_NORM", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "RMS_NORM_MUL_Q8_1", "L2_NORM", "NORM_GATED",
+              "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS", "TOPK_MOE"):
         src = node.srcs[0]
         ncols = src.shape[-1] if src.shape else 1
         nrows = max(1, src.numel // max(1, ncols))

@@ -50,6 +50,8 @@ MMV_SEG_MUL_MAT = False
 NORM_MAXPER = 8
 #: Numba norm kernels' fixed block (kernels/numba_kernels.py NORM_THREADS)
 NUMBA_NORM_THREADS = 128
+#: the least threads a norm's block takes over a row of 1024 elements or more (norm_threads)
+NORM_WIDE_THREADS = 512
 
 Addr = Callable[[View], int]
 Workspace = Callable[[str, int], int]
@@ -167,6 +169,13 @@ def _row_threads(length: int, per_thread: int = NORM_MAXPER, what: str = "row") 
     return min(1024, max(32, -(-need // 32) * 32))
 
 
+def norm_threads(length: int, what: str = "row") -> int:
+    """Threads of a norm kernel's block per row: a row of 1024 elements or more takes at least
+    NORM_WIDE_THREADS (fewer values per thread, shorter serial loads; benchmarks/launch_policy.py,
+    data/bench/launch_policy_h200.md), a shorter one a thread per NORM_MAXPER elements."""
+    return max(_row_threads(length, what=what), NORM_WIDE_THREADS if length >= 1024 else 0)
+
+
 def _all_f32(*views: View) -> bool:
     return all(v.dtype == "f32" for v in views)
 
@@ -251,8 +260,7 @@ def _norm(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         name = NORMS[node.op]
     args.append(f32(node.params["eps"]))
     numba = (name, (rows,), (NUMBA_NORM_THREADS,)) if _all_f32(*views) else None
-    return KernelCall("norm", f"k_{name}", (rows,), (_row_threads(L, what=node.name),), tuple(args), numba,
-                      node.outs)
+    return KernelCall("norm", f"k_{name}", (rows,), (norm_threads(L, node.name),), tuple(args), numba, node.outs)
 
 
 def _soft_max(node: Node, addr: Addr, _: Workspace) -> KernelCall:
@@ -709,7 +717,8 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 
 
 def _quantized(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
-    """Nodes with a block-typed view (QUANTIZE_Q8_1, quantised MUL_MAT / MUL_MAT_ID / GET_ROWS):
+    """Nodes with a block-typed view (QUANTIZE_Q8_1, RMS_NORM_MUL_Q8_1, quantised MUL_MAT /
+    MUL_MAT_ID / GET_ROWS):
     ``cuda_quant_ops`` (kernels/mmvq.cu), imported here as it builds on this module's helpers."""
     from .cuda_quant_ops import bind_quantized
 
@@ -742,6 +751,7 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "SSM_CONV": _ssm_conv,
     "GATED_DELTA_NET": _gdn,
     "QUANTIZE_Q8_1": _quantized,
+    "RMS_NORM_MUL_Q8_1": _quantized,
 }
 
 #: ops with a kernel here (the CPU tests check this covers every op a model graph uses)

@@ -73,6 +73,12 @@ def _normed(node: Node, mem: Memory, slot: int) -> np.ndarray:
     return rms_norm(x, node.params["eps"]) * _src(node, mem, len(node.srcs) - 1)
 
 
+@numpy_op("RMS_NORM_MUL_Q8_1")
+def op_rms_norm_mul_q8_1(node: Node, mem: Memory) -> None:
+    """RMS_NORM then MUL, stored as q8_1 as QUANTIZE_Q8_1 stores (Memory.write quantises)."""
+    _out(node, mem, rms_norm(_src(node, mem, 0), node.params["eps"]) * _src(node, mem, 1))
+
+
 @numpy_op("RMS_NORM_MUL_MAT")
 def op_rms_norm_mul_mat(node: Node, mem: Memory) -> None:
     _out(node, mem, _mat_vec(_src(node, mem, 0), _normed(node, mem, 1)))

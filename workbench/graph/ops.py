@@ -194,6 +194,7 @@ _op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1))
 _op("RMS_NORM_MUL_MAT", "mul_mat", _norm_mat_vec_flops)      # norm-mat-vec: the norm in the mat-vec
 _op("RMS_NORM_MUL_MAT_GLU", "mul_mat", _norm_mat_vec_flops)  # norm-mat-vec of a gate/up mat-vec
 _op("QKV_ROPE_SET_ROWS", "mul_mat", _qkv_flops, _qkv_bytes)  # qkv-rope-store: Q/K/V + RoPE + cache rows
+_op("RMS_NORM_MUL_Q8_1", "norm", _elementwise_flops(7))      # norm-mat-vec of quantised mat-vecs: one q8_1 copy
 _op("QUANTIZE_Q8_1", "elementwise", _elementwise_flops(3))  # |x| max, scale, round per value
 _op("FLASH_ATTN_EXT", "attn", _attn_flops)
 _op("CPY", "copy", lambda n: 0.0)

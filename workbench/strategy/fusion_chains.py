@@ -32,7 +32,7 @@ FUSED_OPS = {"RMS_NORM_MUL_ADD": "rms-norm-mul",
              "ROPE_SET_ROWS": "rope-set-rows", "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe",
              # the workbench's own (fusion_ours)
              "RMS_NORM_MUL_MAT": "norm-mat-vec", "RMS_NORM_MUL_MAT_GLU": "norm-mat-vec",
-             "QKV_ROPE_SET_ROWS": "qkv-rope-store"}
+             "RMS_NORM_MUL_Q8_1": "norm-mat-vec", "QKV_ROPE_SET_ROWS": "qkv-rope-store"}
 #: operands of one ADD_CHAIN (the kernel's source limit, kernels/elementwise.cu k_add_chain)
 MAX_ADD_OPERANDS = 4
 #: the GLU kinds the fused mat-vec's epilogue computes (kernels/mul_mat.cu)

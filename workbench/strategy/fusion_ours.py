@@ -18,10 +18,16 @@ passes of ``fusion_chains``:
   become ``RMS_NORM_MUL_MAT`` (w, x, w_norm), ``RMS_NORM_MUL_MAT_GLU`` (wg, wu, x, w_norm) and
   ``QKV_ROPE_SET_ROWS`` with ``w_norm`` as an eighth source (params ``eps``).
 
+  Before block-quantised mat-vecs, which read a q8_1 copy of the normed row (a
+  ``QUANTIZE_Q8_1`` node per mat-vec, as llama.cpp's mmvq has it), the norm folds into that copy
+  instead: a norm read only by ``QUANTIZE_Q8_1`` nodes becomes one ``RMS_NORM_MUL_Q8_1`` (x,
+  w_norm) at the first of them, writing its q8_1 blocks (params ``eps``); the other copies go and
+  their mat-vecs read that one. A Q/K/V norm then costs one kernel where it cost four.
+
 Both take f16 / bf16 / f32 weights whose rows the fused kernels stream as 16-byte vectors
 (contiguous rows of a multiple of 8 elements, 16-byte aligned) and a single f32 activation row
-of at most ``FUSED_MAX_K`` elements (the kernels stage it in shared memory); block-quantised
-weights are left alone (their mat-vecs read a q8_1 copy of x: ``QUANTIZE_Q8_1`` sits between).
+of at most ``FUSED_MAX_K`` elements (the kernels stage it in shared memory); qkv-rope-store leaves
+block-quantised weights alone.
 """
 
 from __future__ import annotations
@@ -228,10 +234,38 @@ def _folded(reader: Node, normed: View, x: View, w: View, eps: float, absorbed: 
     return Node(reader.name, op, srcs, reader.outs, params)
 
 
+def _q8_1_copies(nodes: list[Node], index: dict, outputs: set[str], normed: View, readers: list[int],
+                 x: View, w: View, eps: float, absorbed: list[Node]) -> dict[int, Node] | None:
+    """The rewrite of a norm read only by ``QUANTIZE_Q8_1`` nodes (each the q8_1 copy of one
+    quantised mat-vec's activation), or None: the first copy becomes ``RMS_NORM_MUL_Q8_1``
+    (x, w), the others go (``None`` values) and their readers read the first one's blocks,
+    which must hold until the last of those reads."""
+    qs = [nodes[r] for r in readers]
+    if not qs or any(q.op != "QUANTIZE_Q8_1" or len(q.outs) != 1 or not same_elements(normed, q.srcs[0])
+                     or q.dst.shape != qs[0].dst.shape for q in qs):
+        return None
+    if any(q.dst.buffer.kind != "act" or q.dst.buffer.name in outputs for q in qs):
+        return None
+    keep, kept = readers[0], qs[0].dst
+    params = fused_params({"eps": eps}, absorbed, (0, 1))
+    new: dict[int, Node | None] = {keep: Node(qs[0].name, "RMS_NORM_MUL_Q8_1", (x, w), qs[0].outs, params)}
+    for r in readers[1:]:
+        new[r] = None
+        for u in readers_of(nodes, index, nodes[r].dst, r):
+            n = nodes[u]
+            slot = operand_slot(n, nodes[r].dst)
+            if slot is None or u in new or touchers_between(index, kept, keep, u, writes_only=True):
+                return None
+            new[u] = Node(n.name, n.op, tuple(kept.reshape(v.shape) if k == slot else v
+                                              for k, v in enumerate(n.srcs)), n.outs, n.params)
+    return new  # type: ignore[return-value]
+
+
 def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
     """``rms_norm(x) * w`` read only by mat-vecs -> each mat-vec normalises x itself; the norm
-    nodes disappear. Skipped when any reader is no foldable mat-vec, when x and w change before
-    a reader, or when x is no single f32 row of at most ``FUSED_MAX_K`` elements."""
+    nodes disappear. Read only by q8_1 copies for quantised mat-vecs -> one normed q8_1 copy
+    (``_q8_1_copies``). Skipped when any reader is neither, when x and w change before a reader,
+    or when x is no single f32 row of at most ``FUSED_MAX_K`` elements."""
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
     outputs = output_buffers(graph)
@@ -252,9 +286,16 @@ def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
         if not one_row(x, k) or k > FUSED_MAX_K or not one_row(w, k):
             continue
         readers = readers_of(nodes, index, normed, absorbed[-1])
-        if not readers or any(r in replace for r in readers):
+        if not readers or any(r in replace or r in drop for r in readers):
             continue
         eps = float(nodes[i].params["eps"])
+        copies = _q8_1_copies(nodes, index, outputs, normed, readers, x, w, eps, [nodes[a] for a in absorbed])
+        if copies is not None:
+            if any(r in replace or r in drop for r in copies) or not stable_between(index, (x, w), i, readers[0]):
+                continue
+            replace.update({r: f for r, f in copies.items() if f is not None})
+            drop.update([*absorbed, *(r for r, f in copies.items() if f is None)])
+            continue
         new = {r: _folded(nodes[r], normed, x, w, eps, [nodes[a] for a in absorbed]) for r in readers}
         if any(f is None for f in new.values()):
             continue

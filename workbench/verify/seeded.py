@@ -19,7 +19,7 @@ from ..strategy.compile import compile_plan
 from ..strategy.host import host_program
 from ..strategy.plan import Allocation, HostOp, Launch, Plan
 from ..strategy.strategy import Strategy
-from .seeded_fusions import FUSION_GRAPHS, stale_events
+from .seeded_fusions import FUSION_GRAPHS, fusion_of, stale_events
 
 # -- mutations (pure: Plan -> Plan) -------------------------------------------------------------
 
@@ -225,10 +225,10 @@ SEEDED_BUGS: tuple[SeededBug, ...] = (
               ("copy-elim", "state_new", "state_read"), hand_built=copy_elim_cross_stream),
     SeededBug("side-stream-not-joined", "a side stream never joins stream 0 before the token's final sync",
               ("unsynced-token", "side", "x_proj"), hand_built=side_stream_not_joined),
-    *(SeededBug(f"{fusion}-stale-events", f"--fusion {fusion}: the fused node keeps the waits of the last node it "
-                "replaced and reads the first node's input, written on stream 1, unordered",
-                ("fusion", "side", fused), hand_built=stale_events(fusion))
-      for fusion, (_, fused) in FUSION_GRAPHS.items()),
+    *(SeededBug(f"{label}-stale-events", f"--fusion {fusion_of(label)}: the fused node keeps the waits of the last "
+                "node it replaced and reads the first node's input, written on stream 1, unordered",
+                ("fusion", "side", fused), hand_built=stale_events(label))
+      for label, (_, fused) in FUSION_GRAPHS.items()),
 )
 
 

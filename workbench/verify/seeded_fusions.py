@@ -17,7 +17,7 @@ from collections.abc import Callable
 import numpy as np
 
 from ..graph import Graph, GraphBuilder, View
-from ..models.blocks import rms_norm
+from ..models.blocks import mat_input, rms_norm
 from ..strategy.fusion import PASSES
 from ..strategy.plan import Plan
 from ..strategy.strategy import Strategy
@@ -94,6 +94,16 @@ def norm_mat_vec_graph() -> Graph:
     return b.build()
 
 
+def norm_mat_vec_q8_1_graph() -> Graph:
+    """norm-mat-vec before a quantised mat-vec: the norm folds into its q8_1 copy."""
+    b, x, side = _start("norm-mat-vec-q8_1-bug")
+    normed = rms_norm(b, side, b.weight("w_norm", (D,), "f32"), 1e-6, "proj_norm")
+    w = b.weight("w", (D, D), "q4_0")
+    h = b.op("MUL_MAT", "proj", [w, mat_input(b, w, normed, "proj")], (1, D))
+    b.output("logits", b.op("SCALE", "result_output", [h], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
 def qkv_rope_store_graph() -> Graph:
     b, x, side = _start("qkv-rope-store-bug")
     pos, idx, freqs = _rope_inputs(b)
@@ -106,7 +116,7 @@ def qkv_rope_store_graph() -> Graph:
     return b.build()
 
 
-#: fusion -> (graph builder, name of the fused node)
+#: bug graph label (a fusion's name, or SEEDED_FUSION's key) -> (graph builder, name of the fused node)
 FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
     "mul-mat-add": (mul_mat_add_graph, "proj_res"),
     "mul-mat-glu": (mul_mat_glu_graph, "ffn_act"),
@@ -114,18 +124,29 @@ FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
     "add-chain": (add_chain_graph, "sum_1"),
     "topk-moe": (topk_moe_graph, "weights"),
     "norm-mat-vec": (norm_mat_vec_graph, "proj"),
+    "norm-mat-vec-q8_1": (norm_mat_vec_q8_1_graph, "proj_q8_1"),
     "qkv-rope-store": (qkv_rope_store_graph, "v_store"),
 }
 
 
-def fused_plan(fusion: str, waits: bool) -> Plan:
-    """The fused graph of ``fusion``'s bug graph on two streams: ``x_in`` on stream 0 recording
+#: bug graphs of a second form of one fusion -> that fusion
+SEEDED_FUSION = {"norm-mat-vec-q8_1": "norm-mat-vec"}
+
+
+def fusion_of(label: str) -> str:
+    """The Strategy fusion whose pass fuses the bug graph ``label``."""
+    return SEEDED_FUSION.get(label, label)
+
+
+def fused_plan(label: str, waits: bool) -> Plan:
+    """The fused graph of bug graph ``label`` on two streams: ``x_in`` on stream 0 recording
     the fork event 0, ``side`` on stream 1 waiting for it and recording event 1, everything else
     on stream 0, ``result_output`` joining stream 1; the fused node waits for event 1 only when
     ``waits`` (the correct schedule)."""
     from .seeded import hand_plan
 
-    build, fused = FUSION_GRAPHS[fusion]
+    build, fused = FUSION_GRAPHS[label]
+    fusion = fusion_of(label)
     graph, removed = PASSES[fusion](build())
     if not removed or graph.node(fused).op == build().node(fused).op:
         raise AssertionError(f"{fusion}: the pass did not fuse its bug graph")
@@ -142,6 +163,7 @@ def fused_plan(fusion: str, waits: bool) -> Plan:
     return hand_plan(graph, placed, Strategy(streams="auto", allocator="no-reuse", fusion=frozenset({fusion})))
 
 
-def stale_events(fusion: str) -> Callable[[], Plan]:
-    """The seeded bug of ``fusion``: its fused node placed without the wait its first node had."""
-    return lambda: fused_plan(fusion, waits=False)
+def stale_events(label: str) -> Callable[[], Plan]:
+    """The seeded bug of bug graph ``label``: its fused node placed without the wait its first
+    node had."""
+    return lambda: fused_plan(label, waits=False)

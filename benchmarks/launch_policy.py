@@ -1,0 +1,146 @@
+"""Whole decode steps of the ``cuda`` backend under alternative kernel-launch policies: the work
+split of the quantised mat-vecs (``cuda_quant_ops.mmvq_split``), the keys per block of decode
+attention (``cuda_ops.attn_vec_chunk``) and the threads of the norm kernels
+(``cuda_ops.norm_threads``). A micro-benchmark times a kernel alone; this times what a user runs,
+so a policy that wins alone but loses beside its neighbours (L2 contention, concurrent Q/K/V
+streams, PDL overlap) shows here.
+
+Each policy replaces one binder function for its runs; rounds alternate the policy order, and
+each run gets a Strategy no other run has (``max_streams``, unused by ``qkv`` streams), so a
+fresh executor binds the Plan under that policy while sharing the model's device weights.
+us/token: ``workbench.run`` over ``--tokens`` tokens from position 448 of a 512-row context,
+after a 4-token warm-up; median with min..max over ``--rounds``.
+
+Usage (GPU machine): ``python3 benchmarks/launch_policy.py --models llama-3.2-1b,qwen3-30b-a3b:8
+--weight-dtype q4_0 --policies default,mmvq-w4,norm-256 --json $OUT/launch_policy.json --md
+$OUT/launch_policy.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+import workbench  # noqa: E402
+from workbench.exec import cuda_ops, cuda_quant_ops  # noqa: E402
+from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
+from workbench.models import preset  # noqa: E402
+from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
+
+#: every knob on, with llama.cpp's fusions and the workbench's own
+BEST = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware",
+                fusion=frozenset(LLAMACPP_FUSION) | frozenset(WORKBENCH_FUSIONS))
+#: mat-vecs with at least this many outputs (an lm_head) keep 4 rows a warp in every policy
+TALL = 65536
+_ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_chunk": cuda_ops.attn_vec_chunk,
+         "norm_threads": cuda_ops.norm_threads}
+
+
+def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
+    return lambda rows, K: (4, 1) if rows >= TALL else short
+
+
+def _attn_steps(n: int) -> Callable[[int, int], tuple[int, int] | None]:
+    def chunk(head_dim: int, itemsize: int) -> tuple[int, int] | None:
+        v = _ORIG["attn_vec_chunk"](head_dim, itemsize)
+        return None if v is None else (min(n, v[0]), v[1] // v[0] * min(n, v[0]))
+    return chunk
+
+
+#: policy -> (what it changes, {binder function: replacement})
+POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
+    "default": ("the binders as they are", {}),
+    "mmvq-w4": ("every mat-vec below an lm_head: 4 warps per row (llama.cpp's split)", {"mmvq_split": _split((1, 4))}),
+    "mmvq-w2": ("every mat-vec below an lm_head: 2 warps per row", {"mmvq_split": _split((1, 2))}),
+    "mmvq-r1": ("every mat-vec below an lm_head: a warp per row", {"mmvq_split": _split((1, 1))}),
+    "mmvq-r2": ("every mat-vec below an lm_head: 2 rows a warp", {"mmvq_split": _split((2, 1))}),
+    "attn-steps1": ("decode attention: 1 step of keys per block", {"attn_vec_chunk": _attn_steps(1)}),
+    "attn-steps2": ("decode attention: at most 2 steps of keys per block", {"attn_vec_chunk": _attn_steps(2)}),
+    "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
+                 {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
+}
+
+
+def apply(policy: str) -> None:
+    """Install ``policy``'s binder functions (and the originals for the rest)."""
+    repl = POLICIES[policy][1]
+    cuda_quant_ops.mmvq_split = repl.get("mmvq_split", _ORIG["mmvq_split"])
+    cuda_ops.attn_vec_chunk = repl.get("attn_vec_chunk", _ORIG["attn_vec_chunk"])
+    for mod in (cuda_ops, cuda_quant_ops):
+        mod.norm_threads = repl.get("norm_threads", _ORIG["norm_threads"])
+
+
+def measure(model: str, layers: int, dtype: str, policies: list[str], rounds: int, tokens: int) -> dict:
+    cfg = preset(model, context=512, weight_dtype=dtype, **({"layers": layers} if layers else {}))
+    us: dict[str, list[float]] = {p: [] for p in policies}
+    t0 = time.time()
+    try:
+        for rnd in range(rounds):
+            for p in (policies if rnd % 2 == 0 else policies[::-1]):
+                apply(p)
+                s = BEST.with_(max_streams=4 + policies.index(p) + 100 * rnd)
+                workbench.run(cfg, s, tokens=4, start_pos=448, backend="cuda", quiet=True)
+                r = workbench.run(cfg, s, tokens=tokens, start_pos=448, backend="cuda", quiet=True)
+                us[p].append(float(r.stats["us_per_token"]))
+                print(f"[{time.time() - t0:4.0f}s] {model} {dtype} {p}: {us[p][-1]:.1f} us/token", flush=True)
+    finally:
+        apply("default")
+    return {"model": model, "layers": layers or cfg.n_layer, "weight_dtype": dtype, "strategy": BEST.label(),
+            "tokens": tokens, "us": us}
+
+
+def table(results: list[dict], device: str) -> str:
+    out = [f"# Decode steps under kernel-launch policies ({device})", "",
+           "Generated by `benchmarks/launch_policy.py`: the `cuda` backend, Strategy "
+           f"`{BEST.label()}`, context 512, tokens from position 448; median (min..max) over the rounds; "
+           "the change against `default` in the same run.", "",
+           "| model | weights | policy | what it changes | us/token | min..max | vs default |",
+           "|---|---|---|---|---:|---:|---:|"]
+    for r in results:
+        base = statistics.median(r["us"]["default"]) if "default" in r["us"] else None
+        for p, xs in r["us"].items():
+            m = statistics.median(xs)
+            rel = f"{100 * (m / base - 1):+.1f} %" if base else ""
+            out.append(f"| {r['model']} ({r['layers']} layers) | {r['weight_dtype']} | `{p}` | {POLICIES[p][0]} | "
+                       f"{m:.1f} | {min(xs):.0f}..{max(xs):.0f} | {rel} |")
+    return "\n".join(out) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="llama-3.2-1b", help="comma-separated name[:layers]")
+    ap.add_argument("--weight-dtype", default="q4_0")
+    ap.add_argument("--policies", default="default,mmvq-w4,norm-256", help=", ".join(POLICIES))
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--tokens", type=int, default=64)
+    ap.add_argument("--json", required=True)
+    ap.add_argument("--md")
+    args = ap.parse_args(argv)
+    policies = args.policies.split(",")
+    unknown = [p for p in policies if p not in POLICIES]
+    if unknown:
+        ap.error(f"unknown policies {unknown}; choose from {', '.join(POLICIES)}")
+    from workbench.exec.device import device_info
+
+    device = device_info().name
+    results = []
+    for spec in args.models.split(","):
+        name, _, layers = spec.partition(":")
+        results.append(measure(name, int(layers or 0), args.weight_dtype, policies, args.rounds, args.tokens))
+    Path(args.json).write_text(json.dumps({"device": device, "date": time.strftime("%Y-%m-%d"), "results": results},
+                                          indent=1))
+    if args.md:
+        Path(args.md).write_text(table(results, device))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
