@@ -1,7 +1,8 @@
 """Whole decode steps of the ``cuda`` backend under alternative kernel-launch policies: the work
 split of the quantised mat-vecs (``cuda_quant_ops.mmvq_split``), the keys per block of decode
-attention (``cuda_ops.attn_vec_chunk``) and the threads of the norm kernels
-(``cuda_ops.norm_threads``). A micro-benchmark times a kernel alone; this times what a user runs,
+attention (``cuda_ops.attn_vec_chunk``), the threads of the norm kernels
+(``cuda_ops.norm_threads``) and the shared-memory carveout of every kernel
+(``kernels.SMEM_CARVEOUT``). A micro-benchmark times a kernel alone; this times what a user runs,
 so a policy that wins alone but loses beside its neighbours (L2 contention, concurrent Q/K/V
 streams, PDL overlap) shows here.
 
@@ -30,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workbench  # noqa: E402
-from workbench.exec import cuda_ops, cuda_quant_ops  # noqa: E402
+from workbench.exec import cuda_ops, cuda_quant_ops, kernels  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.models import preset  # noqa: E402
 from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
@@ -41,7 +42,7 @@ BEST = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware",
 #: mat-vecs with at least this many outputs (an lm_head) keep 4 rows a warp in every policy
 TALL = 65536
 _ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_chunk": cuda_ops.attn_vec_chunk,
-         "norm_threads": cuda_ops.norm_threads}
+         "norm_threads": cuda_ops.norm_threads, "carveout": kernels.SMEM_CARVEOUT}
 
 
 def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
@@ -66,6 +67,9 @@ POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
     "attn-steps2": ("decode attention: at most 2 steps of keys per block", {"attn_vec_chunk": _attn_steps(2)}),
     "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
                  {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
+    **{f"carveout-{c}": (f"every kernel prefers {c} % of L1 as shared memory" if c >= 0 else
+                         "the driver picks each kernel's shared-memory carveout", {"carveout": c})
+       for c in (-1, 0, 25, 50, 100)},
 }
 
 
@@ -76,6 +80,7 @@ def apply(policy: str) -> None:
     cuda_ops.attn_vec_chunk = repl.get("attn_vec_chunk", _ORIG["attn_vec_chunk"])
     for mod in (cuda_ops, cuda_quant_ops):
         mod.norm_threads = repl.get("norm_threads", _ORIG["norm_threads"])
+    kernels.SMEM_CARVEOUT = repl.get("carveout", _ORIG["carveout"])
 
 
 def measure(model: str, layers: int, dtype: str, policies: list[str], rounds: int, tokens: int) -> dict:

@@ -19,25 +19,34 @@ __device__ __forceinline__ float ldk(const char* p) {
 
 // The last block of head h: merge the S partials (max, sum, acc[D]) in a fixed order, add the
 // attention sink when the model has one, write the output. The partials are read from L2
-// (ld.global.cg: other blocks wrote them; the ticket's fence orders those writes), all S of a
-// pass at once: the block's threads stride over the partials for the global max and the sum,
-// the weights exp(m_s - M) go to shared memory, and each output element's loads over s are
-// independent, so a merge costs a few L2 round trips instead of 3 S dependent ones.
+// (ld.global.cg: other blocks wrote them; the ticket's fence orders those writes) in two round
+// trips: the block's threads stride over the partials loading each (max, sum) pair once into
+// shared memory (the global max and the sum then come from there), and each output element's
+// loads over s are independent.
 #define FA_COMBINE_S 512
 __device__ __forceinline__ void fa_combine_partials(TV& d, int D, int h, int S, float sink, int has_sinks,
                                                     const float* ws) {
-    __shared__ float wts[FA_COMBINE_S];
+    __shared__ float wts[FA_COMBINE_S], sums[FA_COMBINE_S];
     const int tid = threadIdx.x, nt = blockDim.x;
     const float* base = ws + (i64)h * S * (D + 2);
+    __syncthreads();  // a previous call's (the gqa kernel's previous head's) readers of wts are done
     float mx = -WB_INF;
-    for (int s = tid; s < S; s += nt) mx = fmaxf(mx, __ldcg(base + (i64)s * (D + 2)));
-    const float Mg = fmaxf(block_max(mx), has_sinks ? sink : -WB_INF);
-    float lsum = 0.0f;
     for (int s = tid; s < S; s += nt) {
         const float ms = __ldcg(base + (i64)s * (D + 2));
+        if (s < FA_COMBINE_S) {
+            wts[s] = ms;
+            sums[s] = __ldcg(base + (i64)s * (D + 2) + 1);
+        }
+        mx = fmaxf(mx, ms);
+    }
+    const float Mg = fmaxf(block_max(mx), has_sinks ? sink : -WB_INF);  // block_max's barrier publishes both
+    float lsum = 0.0f;
+    for (int s = tid; s < S; s += nt) {
+        const bool kept = s < FA_COMBINE_S;
+        const float ms = kept ? wts[s] : __ldcg(base + (i64)s * (D + 2));
         const float w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
-        if (s < FA_COMBINE_S) wts[s] = w;
-        lsum += w == 0.0f ? 0.0f : __ldcg(base + (i64)s * (D + 2) + 1) * w;
+        if (kept) wts[s] = w;
+        lsum += w == 0.0f ? 0.0f : (kept ? sums[s] : __ldcg(base + (i64)s * (D + 2) + 1)) * w;
     }
     const float Lg = block_sum(lsum) + (has_sinks ? expf(sink - Mg) : 0.0f);  // block_sum's barrier publishes wts
     const float inv = 1.0f / Lg;

@@ -288,7 +288,7 @@ def _top_k(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     k = int(node.params["k"])
     if d.numel != k:
         raise BindError(f"{node.name}: k={k} but dst has {d.numel} elements")
-    return KernelCall("topk", "k_argsort_top_k", (1,), (256,), (arg(d, addr), arg(x, addr), i32(k)), None, node.outs)
+    return KernelCall("topk", "k_argsort_top_k", (1,), (32,), (arg(d, addr), arg(x, addr), i32(k)), None, node.outs)
 
 
 #: experts the fused router kernel chooses at most (kernels/topk.cu k_topk_moe's shared arrays)
@@ -296,7 +296,7 @@ TOPK_MOE_MAXK = 64
 
 
 def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
-    """TOPK_MOE (topk-moe): the router chain in one block; outs = (weights, ids)."""
+    """TOPK_MOE (topk-moe): the router chain in one warp; outs = (weights, ids)."""
     x = node.srcs[0]
     w, ids = node.outs
     n, k = x.shape[-1], int(node.params["k"])
@@ -305,7 +305,7 @@ def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
                         f"logits, got {x.shape} -> {w.shape}, {ids.shape}")
     args = (arg(w, addr), arg(ids, addr), arg(x, addr), i32(k), i32(node.params["gating"] == "softmax"),
             i32(bool(node.params["norm"])))
-    return KernelCall("topk", "k_topk_moe", (1,), (256,), args, None, node.outs)
+    return KernelCall("topk", "k_topk_moe", (1,), (32,), args, None, node.outs)
 
 
 def _rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:

@@ -202,6 +202,14 @@ def module_cache(cc: tuple[int, int]) -> ModuleCache:
     return mc
 
 
+#: CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT every launched kernel gets (percent of the
+#: SM's unified L1 / shared memory given to shared memory; -1: the driver picks per kernel). A
+#: fixed value would spare SMs the drain before a carveout switch between neighbouring kernels;
+#: measured, none beat the driver's choice (benchmarks/launch_policy.py,
+#: data/bench/launch_policy_carveout_h200.md), so it stays -1 and the benchmark's policies set it.
+SMEM_CARVEOUT = -1
+
+
 class LaunchHandle:
     """One prepared kernel launch: ``handle()`` enqueues it on its stream.
 
@@ -233,6 +241,8 @@ class LaunchHandle:
         self.pdl = pdl
         self._cfg = cfg
         self._func = cu.CUfunction(function.kernel.ptr)
+        cu.cuFuncSetAttribute(self._func, cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_PREFERRED_SHARED_MEMORY_CARVEOUT,
+                              SMEM_CARVEOUT)
         self._args = [ctype_of(a) for a in args]  # kept alive: the driver reads them at launch
         self._ptrs = (ctypes.c_void_p * max(1, len(self._args)))(*[ctypes.addressof(a) for a in self._args])
         self._params = ctypes.addressof(self._ptrs)
