@@ -16,11 +16,11 @@
 // the q8_1 rounding error of the activation. The s that k_quantize_q8_1 writes stays ggml's.
 //
 // Work split (mul_mat_vec_q for one token): a warp per R output rows, its lanes strided over the
-// rows' blocks and reduced by shuffles; MMVQ_WARPS warps a block. llama.cpp gives each row a block
-// of 4 warps and reduces through shared memory; with 16 blocks resident per SM, that block's fixed
-// latency held this kernel to 10-30 % of the copy bandwidth on an H200 (the q4_0 lm_head of
-// Llama-3.2-1B took 222 us, now 69: data/bench/quant_peer_h200.md). grid = (row groups, activation
-// rows | selected experts). Under PDL the mat-vec prefetches its first
+// rows' blocks and reduced by shuffles, or (wpr > 1) wpr warps per row, each taking every wpr-th
+// pass of the row's blocks, their sums added through shared memory; MMVQ_WARPS warps a block.
+// llama.cpp gives every row a block of 4 warps; in whole decode steps that split is 30 % slower
+// here than the binder's pick by output count (data/bench/launch_policy_h200.md), which keeps
+// wpr = 4 for short matrices only. grid = (row groups, activation rows | selected experts). Under PDL the mat-vec prefetches its first
 // weight blocks to L2 before its wait; the expert variant learns its rows from ids only after it.
 //
 // Unaligned reads: q8_0 and q4_0 blocks are 2-byte aligned, mxfp4 blocks byte aligned, q4_k and
@@ -28,9 +28,9 @@
 #include "common.cuh"
 
 // Work split, swept by benchmarks/mmvq_sweep.py: MMVQ_WARPS warps a block, each owning R output
-// rows (1, 2 or 4: the kernel's rows_per_warp, which the binder picks by the output count,
-// workbench/exec/cuda_quant_ops.py), with U block passes in flight (MMVQ_UNROLL, else 1 for
-// a single row and 4 for more).
+// rows (1, 2 or 4: the kernel's rpw) or a 1 / wpr share of one row's blocks (wpr 2 or 4), as
+// workbench/exec/cuda_quant_ops.py mmvq_split picks by output count and K, with U block passes in
+// flight (MMVQ_UNROLL, else 1 for a single row and 4 for more).
 #ifndef MMVQ_WARPS
 #define MMVQ_WARPS 4
 #endif

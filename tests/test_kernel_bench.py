@@ -48,3 +48,40 @@ def test_gpu_decode_names_unknown_peers_and_parts(argv, message):
     gd = _load("gpu_decode")
     with pytest.raises(SystemExit, match=message):
         gd.main(argv)
+
+
+def test_launch_policies_rebind_what_they_name():
+    """benchmarks/launch_policy.py: each policy changes the launches it names (the mat-vec split,
+    the attention chunks, the norm threads, the carveout) and ``apply("default")`` restores the
+    binders, so a benchmark run leaves the library as it found it."""
+    from workbench.exec import cuda_quant_ops, kernels
+    from workbench.models import build_graph, preset
+    from workbench.strategy import compile_plan
+
+    lp = _load("launch_policy")
+    g = build_graph(preset("llama-3.2-1b", layers=1, context=512, weight_dtype="q4_0"), pos=448)
+    nodes = {n.name: n for n in compile_plan(g, lp.BEST).graph.nodes}
+
+    def launches():
+        call = {k: cuda_ops.bind(nodes[k], lambda v: 256 + v.offset, lambda key, n: 0)
+                for k in ("Qcur-0", "Kcur-0", "kqv_out-0", "Qcur-0_q8_1", "result_output")}
+        return {k: (c.grid, c.block, [a.value for a in c.args[-2:] if hasattr(a, "value")]) for k, c in call.items()}
+
+    base = launches()
+    assert base["Qcur-0_q8_1"][1] == (512,) and base["Kcur-0"][2] == [1, 4]  # norm threads, K/V split-K
+    changed = {"mmvq-w4": "Qcur-0", "mmvq-r2": "Qcur-0", "attn-steps2": "kqv_out-0", "norm-256": "Qcur-0_q8_1"}
+    try:
+        for policy, node in changed.items():
+            lp.apply(policy)
+            now = launches()
+            assert now[node] != base[node], policy
+            assert now["result_output"] == base["result_output"], policy  # an lm_head keeps 4 rows a warp
+        lp.apply("carveout-50")
+        assert kernels.SMEM_CARVEOUT == 50
+    finally:
+        lp.apply("default")
+    assert launches() == base and kernels.SMEM_CARVEOUT == -1
+    assert cuda_quant_ops.mmvq_split is lp._ORIG["mmvq_split"]
+    md = lp.table([{"model": "m", "layers": 1, "weight_dtype": "q4_0", "us": {"default": [2.0], "mmvq-w4": [3.0]}}],
+                  "GPU")
+    assert "+50.0 %" in md and "llama.cpp's split" in md
