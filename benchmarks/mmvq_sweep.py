@@ -11,6 +11,14 @@ f32 output) / time; each output checked against the float64 product of the dequa
 Picks the defaults of ``cuda_quant_ops.mmvq_split`` (the ``binder`` rows).
 
 Usage (on the GPU machine): ``python3 benchmarks/mmvq_sweep.py --out $OUT/mmvq_sweep.json``.
+
+``--fit SWEEP.json --calibration data/calibration/h200.json`` (no GPU) fits the simulator's cost
+of each mmvq kernel from the sweep's rows under the binder's split (``fixed + scale x roofline``,
+plus a per-row term where identifiable: ``kernel_fit.fit_groups``, as ``workbench calibrate``
+fits its kernels) and writes them into the calibration file as ``MUL_MAT/k_mul_mat_vec_q_<type>``
+and ``MUL_MAT_ID/k_mul_mat_vec_q_id_<type>`` (the fused ``_add`` / ``_glu`` kernels take their
+base kernel's fit, ``cost.FUSED_BASE``). A sweep row's time is one launch of a graph of
+back-to-back launches, so the calibration's ``dependency_gap_ns`` comes off it.
 """
 
 from __future__ import annotations
@@ -20,6 +28,7 @@ import ctypes
 import itertools
 import json
 import sys
+import time
 from math import ceil
 from pathlib import Path
 
@@ -50,6 +59,8 @@ QTYPES = ("q8_0", "q4_0", "q4_k", "mxfp4")
 #: (rows per warp, warps per row, unroll)
 VARIANTS = [(r, w, u) for (r, w), u in itertools.product(((1, 1), (2, 1), (4, 1), (1, 2), (1, 4)), (0, 4))]
 TILE_ROWS = 64
+#: kernels a fit needs before it takes a per-row term (--fit): 3 parameters on 3 shapes fit exactly
+ROW_FIT_MIN = 5
 #: bytes the launches of one timing cycle through (an H200's L2 holds 50 MB)
 COLD_BYTES = 256 << 20
 
@@ -99,11 +110,80 @@ def build(cp, qtype: str, N: int, K: int, E: int, n_ids: int, rng):
     return qcall, mcalls, dev, wt, sets[0], nbytes
 
 
+def sweep_node(qtype: str, N: int, K: int, E: int, n_ids: int):
+    """The mat-vec node a sweep row timed (experts stored: the MoE expert count of its shape)."""
+    b = GraphBuilder("sweep")
+    w = b.weight("w", (E, N, K) if E else (N, K), qtype)
+    xq = b.input("x_q8_1", (1, K), "q8_1")
+    if E:
+        b.op("MUL_MAT_ID", "out", [w, xq, b.input("ids", (n_ids,), "i32")], (n_ids, N))
+    else:
+        b.op("MUL_MAT", "out", [w, xq], (1, N))
+    return b.build().nodes[-1]
+
+
+def fit_calibration(sweep: dict, data: dict) -> dict[str, tuple[dict[str, float], str]]:
+    """Fits of the mmvq kernels from a sweep, on the calibration ``data`` (modified in place):
+    {op/kernel: (fields, source)}."""
+    import pandas as pd
+
+    from workbench.exec.calibrate.kernel_fit import MIN_OP_KERNELS, fit_groups
+    from workbench.exec.calibration import parse_calibration
+    from workbench.exec.cost import kernel_cost, mat_vec_rows
+    from workbench.exec.cuda_quant_ops import mmvq_split
+
+    experts = {s[0]: s[3] for s in SHAPES}
+    for key in [k for k in data["ops"] if "/k_mul_mat_vec_q_" in k]:  # the fit starts from the plain roofline
+        del data["ops"][key]
+        for field in [f for f in data["sources"] if f.startswith(f"ops.{key}.")]:
+            del data["sources"][field]
+    cal = parse_calibration(data, "calibration")
+    rows = []
+    for r in sweep["rows"]:
+        n_ids = r["experts"]
+        if r["unroll"] or (r["rows_per_warp"], r["warps_per_row"]) != mmvq_split(r["N"] * max(1, n_ids), r["K"]):
+            continue
+        node = sweep_node(r["qtype"], r["N"], r["K"], experts[r["shape"]], n_ids)
+        c = kernel_cost(node, cal)
+        name = f"k_mul_mat_vec_q_{'id_' if n_ids else ''}{r['qtype']}"
+        rows.append({"key": f"{node.op}/{name}", "duration_ns": r["us"] * 1e3 - cal.dependency_gap_ns,
+                     "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
+                     "rows": mat_vec_rows(node, cal.sm_count)})
+    counts = pd.Series([r["key"] for r in rows]).value_counts()
+    for r in rows:  # a per-row term only where the kernels outnumber the parameters well
+        if counts[r["key"]] < ROW_FIT_MIN:
+            r["rows"] = 0
+    what = (f"timed as cold-L2 graph replays (the binder's split; per launch less dependency_gap_ns "
+            f"{cal.dependency_gap_ns:.0f} ns)")
+    fits, _ = fit_groups(pd.DataFrame(rows), "key", "op", MIN_OP_KERNELS, 0.0, what)
+    where = (f"measured by benchmarks/mmvq_sweep.py on an {sweep['device']} (driver {sweep.get('driver', '?')}, "
+             f"{sweep.get('date', '?')})")
+    for key, (vals, how) in fits.items():
+        fits[key] = (vals, how := f"{where}: {how}")
+        data["ops"][key] = vals
+        for field in vals:
+            data["sources"][f"ops.{key}.{field}"] = how
+    parse_calibration(data, "fitted calibration")  # every field still valid and sourced
+    return fits
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--out", required=True, help="JSON rows to write")
+    ap.add_argument("--out", help="JSON rows to write")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--fit", metavar="SWEEP_JSON", help="fit the mmvq kernels' costs from a sweep (no GPU)")
+    ap.add_argument("--calibration", help="with --fit: the calibration file to update")
     args = ap.parse_args(argv)
+    if args.fit:
+        if not args.calibration:
+            ap.error("--fit needs --calibration FILE")
+        data = json.loads(Path(args.calibration).read_text())
+        for key, (vals, how) in fit_calibration(json.loads(Path(args.fit).read_text()), data).items():
+            print(f"{key}: {vals}  ({how})")
+        Path(args.calibration).write_text(json.dumps(data, indent=2) + "\n")
+        return 0
+    if not args.out:
+        ap.error("--out FILE (or --fit)")
     import cupy as cp
 
     cc = device_info().compute_capability
@@ -163,7 +243,10 @@ def main(argv=None) -> int:
     for v in sorted(VARIANTS, key=lambda v: total[v])[:6]:
         print(f"r{v[0]} w{v[1]} u{v[2]}: sum {total[v]:.1f} us, worst {score[v]:.2f}x the row's best", flush=True)
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-    Path(args.out).write_text(json.dumps({"device": device_info().name, "rows": rows}, indent=0))
+    from benchmarks.llamacpp_peer import gpu_info
+
+    Path(args.out).write_text(json.dumps({"device": device_info().name, "driver": gpu_info()["driver"],
+                                          "date": time.strftime("%Y-%m-%d"), "rows": rows}, indent=0))
     return 0
 
 

@@ -7,6 +7,7 @@ import importlib.util
 import sys
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from workbench.exec import cuda_ops
@@ -85,3 +86,37 @@ def test_launch_policies_rebind_what_they_name():
     md = lp.table([{"model": "m", "layers": 1, "weight_dtype": "q4_0", "us": {"default": [2.0], "mmvq-w4": [3.0]}}],
                   "GPU")
     assert "+50.0 %" in md and "llama.cpp's split" in md
+
+
+def test_mmvq_sweep_fit_prices_the_kernels_it_timed():
+    """benchmarks/mmvq_sweep.py --fit: the committed cold-L2 sweep gives every block type's
+    mat-vec a sourced fit in the H200 calibration (the shipped file carries them), and the
+    simulator then prices each timed launch under the binder's split within 15 % of its time."""
+    import json
+
+    from workbench.exec.calibration import parse_calibration
+    from workbench.exec.cost import kernel_cost
+    from workbench.exec.cuda_quant_ops import MMVQ_TYPES, mmvq_split
+
+    ms = _load("mmvq_sweep")
+    sweep = json.loads((ROOT / "data" / "bench" / "mmvq_sweep_h200.json").read_text())
+    shipped = json.loads((ROOT / "data" / "calibration" / "h200.json").read_text())
+    data = json.loads(json.dumps(shipped))
+    fits = ms.fit_calibration(sweep, data)
+    assert {f"MUL_MAT/k_mul_mat_vec_q_{t}" for t in MMVQ_TYPES} <= set(fits)
+    assert all(data["sources"][f"ops.{k}.fixed_ns"].startswith("measured by benchmarks/mmvq_sweep.py") for k in fits)
+    assert {k: shipped["ops"][k] for k in fits} == {k: v for k, (v, _) in fits.items()}  # the file is up to date
+    cal = parse_calibration(data)
+    experts = {s[0]: s[3] for s in ms.SHAPES}
+    got, want = [], []
+    for r in sweep["rows"]:
+        if r["unroll"] or (r["rows_per_warp"], r["warps_per_row"]) != mmvq_split(r["N"] * max(1, r["experts"]), r["K"]):
+            continue
+        node = ms.sweep_node(r["qtype"], r["N"], r["K"], experts[r["shape"]], r["experts"])
+        if f"{node.op}/k_mul_mat_vec_q_{'id_' if r['experts'] else ''}{r['qtype']}" not in fits:
+            continue
+        want.append(r["us"] * 1e3 - cal.dependency_gap_ns)
+        got.append(kernel_cost(node, cal).duration_ns)
+    got_a, want_a = np.array(got), np.array(want)
+    assert len(got) >= 20 and abs(got_a.sum() / want_a.sum() - 1) < 0.02
+    assert np.median(np.abs(got_a / want_a - 1)) < 0.10
