@@ -235,7 +235,7 @@ def _folded(reader: Node, normed: View, x: View, w: View, eps: float, absorbed: 
 
 
 def _q8_1_copies(nodes: list[Node], index: dict, outputs: set[str], normed: View, readers: list[int],
-                 x: View, w: View, eps: float, absorbed: list[Node]) -> dict[int, Node] | None:
+                 x: View, w: View, eps: float, absorbed: list[Node]) -> dict[int, Node | None] | None:
     """The rewrite of a norm read only by ``QUANTIZE_Q8_1`` nodes (each the q8_1 copy of one
     quantised mat-vec's activation), or None: the first copy becomes ``RMS_NORM_MUL_Q8_1``
     (x, w), the others go (``None`` values) and their readers read the first one's blocks,
@@ -258,7 +258,7 @@ def _q8_1_copies(nodes: list[Node], index: dict, outputs: set[str], normed: View
                 return None
             new[u] = Node(n.name, n.op, tuple(kept.reshape(v.shape) if k == slot else v
                                               for k, v in enumerate(n.srcs)), n.outs, n.params)
-    return new  # type: ignore[return-value]
+    return new
 
 
 def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
