@@ -366,7 +366,11 @@ def summarize(recs: list[dict]) -> str:
              "the same build's tool, `backend vs llama-bench` the median [min..max] over A/B pairs (each "
              "measured back to back) of the backend's median over llama-bench's, `ours` the `cuda` backend "
              "under the same Strategy, `sim` the simulator with this GPU's calibration. \"fusion on\" is "
-             "llama.cpp's whole fusion set for both. Written by `benchmarks/llamacpp_peer.py`.", ""]
+             "llama.cpp's whole fusion set for both" + (
+                 "; with `--ours-fusion all`, ours and sim also run the workbench's own fusions "
+                 f"({', '.join(WORKBENCH_FUSIONS)}) where fusion is on (the `strategy` column names llama.cpp's)"
+                 if any(r.get("ours_fusion") == "all" for r in recs) else "")
+             + ". Written by `benchmarks/llamacpp_peer.py`.", ""]
     by: dict[tuple[str, str, str], list[float]] = {}
     ratios = pair_ratios(recs)
     errors: dict[tuple[str, str, str], str] = {}
