@@ -37,6 +37,13 @@ def test_summary_tables():
     assert "| PDL under graphs | pdl0 -> default | -10.0 % | - | -7.7 % | - |" in md
     assert "error: BackendError: boom" in md
     assert "| best us/token | | 900 (default) | 882 (default) | 1200 (default) | - |" in md
+    assert "--ours-fusion all" not in md
+    # ours with the workbench's own fusions too: the header says so
+    tagged = [dict(r, ours_fusion="all") if r["tool"] == "cuda" else r for r in recs]
+    assert "with `--ours-fusion all`, ours and sim also run the workbench's own fusions (norm-mat-vec" in \
+        peer.summarize(tagged)
+    assert peer.ours(peer.CONFIGS["default"][0], True).fusion >= {"norm-mat-vec", "qkv-rope-store"}
+    assert peer.ours(peer.CONFIGS["no_fusion"][0], True).fusion == frozenset()
 
 
 def test_the_agreement_is_the_ratio_of_each_back_to_back_pair():
