@@ -25,16 +25,14 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workbench  # noqa: E402
+from benchmarks.launch_policy import BEST  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.models import preset  # noqa: E402
-from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
+from workbench.strategy import Strategy  # noqa: E402
 
-ALL = frozenset(LLAMACPP_FUSION) | frozenset(WORKBENCH_FUSIONS)
-_BASE = Strategy(graphs=True, allocator="stream-aware")
-VARIANTS = {"best": _BASE.with_(pdl=True, streams="qkv", fusion=ALL),
-            "best_pdl0": _BASE.with_(streams="qkv", fusion=ALL),
-            "llamacpp_fus": _BASE.with_(pdl=True, streams="qkv", fusion=frozenset(LLAMACPP_FUSION)),
-            "best_noqkv": _BASE.with_(pdl=True, fusion=ALL)}
+VARIANTS = {"best": BEST, "best_pdl0": BEST.with_(pdl=False),
+            "llamacpp_fus": BEST.with_(fusion=frozenset(LLAMACPP_FUSION)),
+            "best_noqkv": BEST.with_(streams="single")}
 #: tokens of the traced run; the last one is recorded node by node
 TRACED = 12
 

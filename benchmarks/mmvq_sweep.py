@@ -65,20 +65,24 @@ ROW_FIT_MIN = 5
 COLD_BYTES = 256 << 20
 
 
+def sweep_graph(qtype: str, N: int, K: int, E: int, n_ids: int):
+    """x (f32) -> QUANTIZE_Q8_1 -> the mat-vec (MUL_MAT_ID over E stored experts when E)."""
+    b = GraphBuilder("sweep")
+    w = b.weight("w", (E, N, K) if E else (N, K), qtype)
+    xq = b.op("QUANTIZE_Q8_1", "x_q8_1", [b.input("x", (1, K), "f32")], (1, K), dtype="q8_1")
+    if E:
+        b.op("MUL_MAT_ID", "out", [w, xq, b.input("ids", (n_ids,), "i32")], (n_ids, N))
+    else:
+        b.op("MUL_MAT", "out", [w, xq], (1, N))
+    return b.build()
+
+
 def build(cp, qtype: str, N: int, K: int, E: int, n_ids: int, rng):
     """The quantize + mat-vec graph on device buffers: (the quantize launch's call, one mat-vec
     call per cold copy, the device arrays by buffer name, the tile's dequantised float64 rows,
     the first copy's selected experts, the bytes one mat-vec moves)."""
-    b = GraphBuilder("sweep")
-    w = b.weight("w", (E, N, K) if E else (N, K), qtype)
-    x = b.input("x", (1, K), "f32")
-    xq = b.op("QUANTIZE_Q8_1", "x_q8_1", [x], (1, K), dtype="q8_1")
-    if E:
-        ids = b.input("ids", (n_ids,), "i32")
-        b.op("MUL_MAT_ID", "out", [w, xq, ids], (n_ids, N))
-    else:
-        b.op("MUL_MAT", "out", [w, xq], (1, N))
-    g = b.build()
+    g = sweep_graph(qtype, N, K, E, n_ids)
+    w = g.nodes[-1].srcs[0]
     nbytes = float(g.nodes[-1].bytes)
     wsize = -(-w.nbytes // 256) * 256
     # cold copies: whole matrices for a plain mat-vec, disjoint expert sets for MUL_MAT_ID
@@ -110,16 +114,18 @@ def build(cp, qtype: str, N: int, K: int, E: int, n_ids: int, rng):
     return qcall, mcalls, dev, wt, sets[0], nbytes
 
 
-def sweep_node(qtype: str, N: int, K: int, E: int, n_ids: int):
-    """The mat-vec node a sweep row timed (experts stored: the MoE expert count of its shape)."""
-    b = GraphBuilder("sweep")
-    w = b.weight("w", (E, N, K) if E else (N, K), qtype)
-    xq = b.input("x_q8_1", (1, K), "q8_1")
-    if E:
-        b.op("MUL_MAT_ID", "out", [w, xq, b.input("ids", (n_ids,), "i32")], (n_ids, N))
-    else:
-        b.op("MUL_MAT", "out", [w, xq], (1, N))
-    return b.build().nodes[-1]
+def binder_rows(sweep: dict):
+    """The sweep's rows timed under the binder's split (``mmvq_split``, default unroll), each with
+    the mat-vec node it timed and its kernel's fit key (``op/kernel``)."""
+    from workbench.exec.cuda_quant_ops import mmvq_split
+
+    experts = {s[0]: s[3] for s in SHAPES}
+    for r in sweep["rows"]:
+        n_ids = r["experts"]
+        if r["unroll"] or (r["rows_per_warp"], r["warps_per_row"]) != mmvq_split(r["N"] * max(1, n_ids), r["K"]):
+            continue
+        node = sweep_graph(r["qtype"], r["N"], r["K"], experts[r["shape"]], n_ids).nodes[-1]
+        yield r, node, f"{node.op}/k_mul_mat_vec_q_{'id_' if n_ids else ''}{r['qtype']}"
 
 
 def fit_calibration(sweep: dict, data: dict) -> dict[str, tuple[dict[str, float], str]]:
@@ -130,23 +136,16 @@ def fit_calibration(sweep: dict, data: dict) -> dict[str, tuple[dict[str, float]
     from workbench.exec.calibrate.kernel_fit import MIN_OP_KERNELS, fit_groups
     from workbench.exec.calibration import parse_calibration
     from workbench.exec.cost import kernel_cost, mat_vec_rows
-    from workbench.exec.cuda_quant_ops import mmvq_split
 
-    experts = {s[0]: s[3] for s in SHAPES}
     for key in [k for k in data["ops"] if "/k_mul_mat_vec_q_" in k]:  # the fit starts from the plain roofline
         del data["ops"][key]
         for field in [f for f in data["sources"] if f.startswith(f"ops.{key}.")]:
             del data["sources"][field]
     cal = parse_calibration(data, "calibration")
     rows = []
-    for r in sweep["rows"]:
-        n_ids = r["experts"]
-        if r["unroll"] or (r["rows_per_warp"], r["warps_per_row"]) != mmvq_split(r["N"] * max(1, n_ids), r["K"]):
-            continue
-        node = sweep_node(r["qtype"], r["N"], r["K"], experts[r["shape"]], n_ids)
+    for r, node, key in binder_rows(sweep):
         c = kernel_cost(node, cal)
-        name = f"k_mul_mat_vec_q_{'id_' if n_ids else ''}{r['qtype']}"
-        rows.append({"key": f"{node.op}/{name}", "duration_ns": r["us"] * 1e3 - cal.dependency_gap_ns,
+        rows.append({"key": key, "duration_ns": r["us"] * 1e3 - cal.dependency_gap_ns,
                      "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
                      "rows": mat_vec_rows(node, cal.sm_count)})
     counts = pd.Series([r["key"] for r in rows]).value_counts()
@@ -158,8 +157,9 @@ def fit_calibration(sweep: dict, data: dict) -> dict[str, tuple[dict[str, float]
     fits, _ = fit_groups(pd.DataFrame(rows), "key", "op", MIN_OP_KERNELS, 0.0, what)
     where = (f"measured by benchmarks/mmvq_sweep.py on an {sweep['device']} (driver {sweep.get('driver', '?')}, "
              f"{sweep.get('date', '?')})")
-    for key, (vals, how) in fits.items():
-        fits[key] = (vals, how := f"{where}: {how}")
+    for key, (vals, how) in list(fits.items()):
+        how = f"{where}: {how}"
+        fits[key] = (vals, how)
         data["ops"][key] = vals
         for field in vals:
             data["sources"][f"ops.{key}.{field}"] = how

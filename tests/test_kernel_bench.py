@@ -91,12 +91,13 @@ def test_launch_policies_rebind_what_they_name():
 def test_mmvq_sweep_fit_prices_the_kernels_it_timed():
     """benchmarks/mmvq_sweep.py --fit: the committed cold-L2 sweep gives every block type's
     mat-vec a sourced fit in the H200 calibration (the shipped file carries them), and the
-    simulator then prices each timed launch under the binder's split within 15 % of its time."""
+    simulator then prices the timed launches under the binder's split: their total within 2 %
+    (an absolute-error fit keeps the sum), the median launch within 10 %."""
     import json
 
     from workbench.exec.calibration import parse_calibration
     from workbench.exec.cost import kernel_cost
-    from workbench.exec.cuda_quant_ops import MMVQ_TYPES, mmvq_split
+    from workbench.exec.cuda_quant_ops import MMVQ_TYPES
 
     ms = _load("mmvq_sweep")
     sweep = json.loads((ROOT / "data" / "bench" / "mmvq_sweep_h200.json").read_text())
@@ -107,13 +108,9 @@ def test_mmvq_sweep_fit_prices_the_kernels_it_timed():
     assert all(data["sources"][f"ops.{k}.fixed_ns"].startswith("measured by benchmarks/mmvq_sweep.py") for k in fits)
     assert {k: shipped["ops"][k] for k in fits} == {k: v for k, (v, _) in fits.items()}  # the file is up to date
     cal = parse_calibration(data)
-    experts = {s[0]: s[3] for s in ms.SHAPES}
     got, want = [], []
-    for r in sweep["rows"]:
-        if r["unroll"] or (r["rows_per_warp"], r["warps_per_row"]) != mmvq_split(r["N"] * max(1, r["experts"]), r["K"]):
-            continue
-        node = ms.sweep_node(r["qtype"], r["N"], r["K"], experts[r["shape"]], r["experts"])
-        if f"{node.op}/k_mul_mat_vec_q_{'id_' if r['experts'] else ''}{r['qtype']}" not in fits:
+    for r, node, key in ms.binder_rows(sweep):
+        if key not in fits:
             continue
         want.append(r["us"] * 1e3 - cal.dependency_gap_ns)
         got.append(kernel_cost(node, cal).duration_ns)
