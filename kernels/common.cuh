@@ -91,24 +91,31 @@ __device__ __noinline__ float ldf_other(const char* p, int dt) {
 __device__ __forceinline__ float ldf(const char* p, int dt) {
     return dt == DT_F32 ? *(const float*)p : ldf_other(p, dt);
 }
-// Volatile load: the first dependent read of a kernel, so that under the `late` placement the
+// The first dependent read of a kernel. Under the `late` placement it is volatile, so that the
 // compiler cannot sink it past griddepcontrol.wait (the read really happens before the wait).
+// Elsewhere it is a plain load: the wait's memory clobber already keeps it after the wait, and a
+// volatile (system-scope) load costs every kernel that reads its input through it.
+#if PDL_WAIT_AT == PDL_AT_late
+#define WB_FIRST_READ volatile
+#else
+#define WB_FIRST_READ
+#endif
 __device__ __noinline__ float ldf_v_other(const char* p, int dt) {
     switch (dt) {
-        case DT_F16: return h2f(*(const volatile u16*)p);
-        case DT_BF16: return bf2f(*(const volatile u16*)p);
-        case DT_I32: return (float)*(const volatile int*)p;
-        default: return (float)*(const volatile i64*)p;
+        case DT_F16: return h2f(*(const WB_FIRST_READ u16*)p);
+        case DT_BF16: return bf2f(*(const WB_FIRST_READ u16*)p);
+        case DT_I32: return (float)*(const WB_FIRST_READ int*)p;
+        default: return (float)*(const WB_FIRST_READ i64*)p;
     }
 }
 __device__ __forceinline__ float ldf_v(const char* p, int dt) {
-    return dt == DT_F32 ? *(const volatile float*)p : ldf_v_other(p, dt);
+    return dt == DT_F32 ? *(const WB_FIRST_READ float*)p : ldf_v_other(p, dt);
 }
 __device__ __forceinline__ i64 ldi(const char* p, int dt) {
     return dt == DT_I64 ? *(const i64*)p : (i64)*(const int*)p;
 }
 __device__ __forceinline__ i64 ldi_v(const char* p, int dt) {
-    return dt == DT_I64 ? *(const volatile i64*)p : (i64)*(const volatile int*)p;
+    return dt == DT_I64 ? *(const WB_FIRST_READ i64*)p : (i64)*(const WB_FIRST_READ int*)p;
 }
 __device__ __noinline__ void stf_other(char* p, int dt, float v) {
     switch (dt) {
@@ -128,15 +135,22 @@ __device__ __forceinline__ void stf(char* p, int dt, float v) {
 __device__ __forceinline__ int tv_numel(const TV& v) { return v.n[0] * v.n[1] * v.n[2] * v.n[3]; }
 __device__ __forceinline__ int tv_rows(const TV& v) { return v.n[0] * v.n[1] * v.n[2]; }
 
-// Byte offset of flat (numpy order) element index i of a view of shape `shape` in view v.
+// Byte offset of flat (numpy order) element index i (< the shape's size) of a view of shape
+// `shape` in view v. Leading axes of size 1 (a decode step's [1, 1, 1, n] and [1, 1, rows, n]
+// shapes) skip their integer divisions: a division by a runtime value is a dependent chain of
+// tens of instructions, paid before a short kernel's first load.
 __device__ __forceinline__ i64 tv_off(const TV& v, const int* shape, int i) {
+    if (shape[0] == 1 && shape[1] == 1 && shape[2] == 1) return (i64)i * v.s[3];
     int i3 = i % shape[3]; i /= shape[3];
+    if (shape[0] == 1 && shape[1] == 1) return (i64)i * v.s[2] + (i64)i3 * v.s[3];
     int i2 = i % shape[2]; i /= shape[2];
     int i1 = i % shape[1]; i /= shape[1];
     return (i64)i * v.s[0] + (i64)i1 * v.s[1] + (i64)i2 * v.s[2] + (i64)i3 * v.s[3];
 }
-// Byte offset of row r (flat over the first three dims) of v, rows laid out as in `shape`.
+// Byte offset of row r (< the rows of `shape`, flat over the first three dims) of v, rows laid
+// out as in `shape` (one axis of rows: no division).
 __device__ __forceinline__ i64 tv_row_off(const TV& v, const int* shape, int r) {
+    if (shape[0] == 1 && shape[1] == 1) return (i64)r * v.s[2];
     int i2 = r % shape[2]; r /= shape[2];
     int i1 = r % shape[1]; r /= shape[1];
     return (i64)r * v.s[0] + (i64)i1 * v.s[1] + (i64)i2 * v.s[2];

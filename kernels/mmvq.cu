@@ -284,7 +284,11 @@ __device__ __forceinline__ void mmvq(TV d, const TV (&w)[G], TV x, TV b, int rpw
                                                                 (i64)kb * Q::BYTES));
     PDL_WAIT(first_read);
     const u8* y = (const u8*)(x.p + tv_row_off(x, x.n, m));
+#if PDL_WAIT_AT == PDL_AT_late
     const int y0 = *(const volatile int*)y;  // the first dependent read (the `late` placement's race)
+#else
+    const int y0 = 0;  // no extra read where nothing studies it: the main loop's loads come first
+#endif
     PDL_WAIT(late);
     float sums[G][MMVQ_MAX_RPW] = {};
     MMVQ_DISPATCH(warp_rows, T, G, w, -1, y, N, nb, row0, lane, part, wpr, sums);

@@ -284,15 +284,23 @@ def test_late_placement_reads_before_waiting(source, tmp_path):
     assert "griddepcontrol" not in plain
 
 
+@pytest.mark.parametrize("source", SOURCES)
+def test_only_the_late_placement_reads_volatile(source, tmp_path):
+    """A volatile (system-scope) first read is what ``late`` studies; every other placement reads
+    its input with plain loads, so no kernel pays for it in the builds users run."""
+    for wait, trigger in (("none", "none"), ("start", "end"), ("first-read", "after-main-loop")):
+        assert "ld.volatile" not in _ptx(source, wait, trigger, tmp_path), (source, wait)
+
 def test_first_read_placement_prefetches_weights_only(tmp_path):
     """Under ``first-read`` the mat-vec issues its first 16-byte weight loads before the wait and
-    reads the activation after it; kernels without independent data wait before any load."""
+    reads the activation after it (a plain load: only ``late`` makes it volatile); kernels without
+    independent data wait before any load."""
     entries = _entries(_ptx("mul_mat", "first-read", "start", tmp_path))
     for dt in ("f16", "bf16", "f32"):
         for name in (f"k_mul_mat_vec_{dt}", f"k_mul_mat_vec_{dt}_add", f"k_mul_mat_vec_{dt}_glu"):  # + fused
             before, after = entries[name].split("griddepcontrol.wait")
             assert "ld.global.nc.L1::no_allocate.v4.u32" in before, name
-            assert "ld.volatile" not in before and "ld.volatile.global.f32" in after, name
+            assert "ld.volatile" not in before and "ld.global.f32" in after, name
         for name in (f"k_mul_mat_id_{dt}", f"k_mul_mat_id_{dt}_glu"):
             before_id = entries[name].split("griddepcontrol.wait")[0]
             assert "ld.global" not in before_id, name  # the expert is only known after reading ids
@@ -301,4 +309,4 @@ def test_first_read_placement_prefetches_weights_only(tmp_path):
         for name in (f"k_mul_mat_vec_{dt}_norm", f"k_mul_mat_vec_{dt}_glu_norm", f"k_mul_mat_vec_{dt}_qkv_rope"):
             before, after = fused[name].split("griddepcontrol.wait")
             assert "ld.global.nc.L1::no_allocate.v4.u32" in before, name
-            assert "ld.volatile" not in before and "ld.volatile.global.f32" in after, name
+            assert "ld.volatile" not in before and "ld.global.f32" in after, name
