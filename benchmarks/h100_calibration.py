@@ -16,12 +16,16 @@ belong to the GH100 die's host interface, the same on both GPUs.
 from __future__ import annotations
 
 import json
+import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "benchmarks"))
 MEASURED = ROOT / "data" / "bench" / "calibration_h100_measured.json"
 H200 = ROOT / "data" / "calibration" / "h200.json"
 OUT = ROOT / "data" / "calibration" / "h100.json"
+#: the H100's mmvq sweep (benchmarks/mmvq_sweep.py --out on the H100)
+MMVQ_SWEEP = ROOT / "data" / "bench" / "mmvq_sweep_h100.json"
 #: device fields of the H200 file carried over (the GH100 front end's eager launch behaviour)
 CARRIED_DEVICE = ("eager_pdl_release_ns", "eager_channel_switch_ns")
 
@@ -43,6 +47,9 @@ def compose() -> dict:
         src[f"device.{k}"] = ("carried over from data/calibration/h200.json (the GH100 host interface's eager "
                               "launch handling, the same die on both GPUs). H200 source: "
                               + h200["sources"][f"device.{k}"])
+    from mmvq_sweep import fit_calibration
+
+    fit_calibration(json.loads(MMVQ_SWEEP.read_text()), out)
     return out
 
 

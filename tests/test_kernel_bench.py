@@ -88,11 +88,13 @@ def test_launch_policies_rebind_what_they_name():
     assert "+50.0 %" in md and "llama.cpp's split" in md
 
 
-def test_mmvq_sweep_fit_prices_the_kernels_it_timed():
-    """benchmarks/mmvq_sweep.py --fit: the committed cold-L2 sweep gives every block type's
-    mat-vec a sourced fit in the H200 calibration (the shipped file carries them), and the
-    simulator then prices the timed launches under the binder's split: their total within 2 %
-    (an absolute-error fit keeps the sum), the median launch within 10 %."""
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_mmvq_sweep_fit_prices_the_kernels_it_timed(gpu):
+    """benchmarks/mmvq_sweep.py --fit: each GPU's committed cold-L2 sweep gives every block type's
+    mat-vec a sourced fit in that GPU's calibration (the shipped file carries them; the H100's
+    through benchmarks/h100_calibration.py), and the simulator then prices the timed launches
+    under the binder's split: their total within 2 % (an absolute-error fit keeps the sum), the
+    median launch within 10 %."""
     import json
 
     from workbench.exec.calibration import parse_calibration
@@ -100,8 +102,8 @@ def test_mmvq_sweep_fit_prices_the_kernels_it_timed():
     from workbench.exec.cuda_quant_ops import MMVQ_TYPES
 
     ms = _load("mmvq_sweep")
-    sweep = json.loads((ROOT / "data" / "bench" / "mmvq_sweep_h200.json").read_text())
-    shipped = json.loads((ROOT / "data" / "calibration" / "h200.json").read_text())
+    sweep = json.loads((ROOT / "data" / "bench" / f"mmvq_sweep_{gpu}.json").read_text())
+    shipped = json.loads((ROOT / "data" / "calibration" / f"{gpu}.json").read_text())
     data = json.loads(json.dumps(shipped))
     fits = ms.fit_calibration(sweep, data)
     assert {f"MUL_MAT/k_mul_mat_vec_q_{t}" for t in MMVQ_TYPES} <= set(fits)

@@ -219,15 +219,18 @@ def test_command_writes_a_calibration_the_simulator_runs(tmp_path, capsys):
     assert {"MUL_MAT_GLU", "MUL_MAT_ADD"} <= ops  # llama.cpp's kernel list, not the Strategy's fusions alone
 
 
-def test_shipped_llamacpp_calibration_simulates_by_name():
+@pytest.mark.parametrize("gpu", ["h200", "h100"])
+def test_shipped_llamacpp_calibration_simulates_by_name(gpu):
+    """Each shipped llama.cpp calibration (the H100's fitted from its own captures,
+    data/traces/llamacpp/h100_captures) runs by name and prices llama.cpp's fused kernels."""
     run = workbench.run("llama-3.2-1b", Strategy(graphs=True, fusion=FUSED), tokens=2, backend="sim", layers=2,
-                        gpu="h200-llamacpp", quiet=True)
+                        gpu=f"{gpu}-llamacpp", quiet=True)
     assert run.stats["us_per_token"] > 0
     cal = run.meta["calibration"]
     assert "llamacpp" in run.device and cal.executor == "llamacpp"
     node = next(la.node for la in run.meta["plans"][-1].launches if la.node.op == "MUL_MAT_GLU")
     assert measured_fit(node, cal)[0] == "op"
-    assert default_gpu(None)[0] != "h200-llamacpp"  # the default stays the workbench's own executor
+    assert default_gpu(None)[0] != f"{gpu}-llamacpp"  # the default stays the workbench's own executor
 
 
 def test_cli_run_takes_calibration_name(capsys):
