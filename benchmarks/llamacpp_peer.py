@@ -72,6 +72,9 @@ CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
     "gdn_unfused": (Strategy(graphs=True, pdl=True, fusion=FUSIONS - {"copy-elim"}), "gdn", "gdn_fusion_patch"),
     "sync_boundary": (Strategy(graphs=True, pdl=True, fusion=FUSIONS, sync="boundary"), "all", "sched_sync_patch"),
     "sync_implicit": (Strategy(graphs=True, pdl=True, fusion=FUSIONS, sync="implicit"), "all", "sched_sync_patch"),
+    # every switch at its fastest: the best-against-best row of issue 16 (both sides may take the sync knob)
+    "graph_opt_sync_implicit": (Strategy(graphs=True, pdl=True, streams="qkv", fusion=FUSIONS, sync="implicit"), "all",
+                                "sched_sync_patch"),
 }
 #: the issue's table: (knob step, from config, to config)
 STEPS: list[tuple[str, str, str]] = [
@@ -82,6 +85,7 @@ STEPS: list[tuple[str, str, str]] = [
     ("GDN copy removal", "gdn_unfused", "default"),
     ("sync boundary (PR 17795 emulation)", "default", "sync_boundary"),
     ("sync implicit (PR 17795 emulation)", "default", "sync_implicit"),
+    ("sync implicit on top of graph_opt", "graph_opt", "graph_opt_sync_implicit"),
     ("stack: + graphs", "eager", "graphs"),
     ("stack: + PDL", "graphs", "no_fusion"),
     ("stack: + Q/K/V streams", "no_fusion", "graphs_pdl_qkv"),
