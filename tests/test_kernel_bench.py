@@ -119,3 +119,19 @@ def test_mmvq_sweep_fit_prices_the_kernels_it_timed(gpu):
     got_a, want_a = np.array(got), np.array(want)
     assert len(got) >= 20 and abs(got_a.sum() / want_a.sum() - 1) < 0.02
     assert np.median(np.abs(got_a / want_a - 1)) < 0.10
+
+
+def test_kernel_ab_exports_a_revisions_kernels(tmp_path):
+    """benchmarks/kernel_ab.py's A side: every file of kernels/ as the revision has it (the headers
+    the sources include with them), ready for the kernel loader's KERNEL_DIR."""
+    import subprocess
+
+    ka = _load("kernel_ab")
+    ka.export_kernels("HEAD", tmp_path)
+    tracked = subprocess.run(["git", "-C", str(ROOT), "ls-tree", "--name-only", "HEAD", "kernels/"],
+                             capture_output=True, text=True, check=True).stdout.split()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(n).name for n in tracked)
+    assert {"common.cuh", "mmvq.cu"} <= {p.name for p in tmp_path.iterdir()}
+    head = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/mmvq.cu"], capture_output=True,
+                          check=True).stdout
+    assert (tmp_path / "mmvq.cu").read_bytes() == head
