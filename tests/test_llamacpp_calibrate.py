@@ -366,3 +366,20 @@ def test_capture_script_names_and_bundles(tmp_path):
     tar = cap.bundle(d, tmp_path / "out" / "b.tar")
     with tarfile.open(tar) as tf:
         assert "llamacpp_h200/llama-3.2-1b-L2_graphs.json.gz" in tf.getnames()
+
+
+def test_ops_only_pdl_traces_show_are_fitted_from_them():
+    """llama.cpp's unfused ops run only in its no_fusion capture, which keeps PDL on: they are
+    fitted from it (not left to the workbench executor's base fit), each kernel's time on its
+    stream plus the prologue a PDL kernel runs before its predecessor ends."""
+    from workbench.exec.calibrate.llamacpp_fit import kernel_fits
+
+    traces = [t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"]
+    base = load_calibration("h200")
+    ops, _, used, *_ = kernel_fits(traces, base, 0.0, 0.0)
+    no_pdl = {t.name for t in traces if not t.strategy.pdl}
+    late = used[~used["trace"].isin(no_pdl)]
+    assert len(late) and set(late["op"]).isdisjoint(used.loc[used["trace"].isin(no_pdl), "op"])
+    assert set(late["op"]) <= set(ops)
+    early = base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns
+    assert (late["duration_ns"] == (late["exposed_ns"] + early).clip(lower=1.0)).all()

@@ -9,8 +9,10 @@ What the timelines show directly:
   and per kernel family, by ``kernel_fit.fit_groups`` (the cuda target's fit) on the nodes
   matched to llama.cpp's kernels. Durations come from the traces without PDL where the folder
   has them (a PDL kernel starts early and waits, which the simulator models apart); a kernel's
-  time is what it adds to its stream (``exposed_ns``). Ops llama.cpp's traces do not show keep
-  the base calibration's op and family fits.
+  time is what it adds to its stream (``exposed_ns``). Ops only the PDL traces show (llama.cpp's
+  unfused ops: its ``no_fusion`` keeps PDL) come from those, with the prologue a PDL kernel runs
+  early added back. Ops llama.cpp's traces do not show keep the base calibration's op and family
+  fits.
 * **host** (profile ``llama.cpp``): medians of llama.cpp's CUDA API calls (graph launch,
   kernel launch, async copy, event record / wait), a synchronize that finds its stream idle
   (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``); GRAPH_OPT's extra
@@ -192,8 +194,18 @@ def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float,
     no_pdl = {t.name for t in traces if not t.strategy.pdl}
     use = kern[kern["trace"].isin(no_pdl)] if no_pdl else kern
     use = use.assign(duration_ns=(use["exposed_ns"] - cupti_ns).clip(lower=1.0))
-    what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}; a kernel's time on "
-            f"its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
+    # ops only the PDL traces show (the unfused ops: llama.cpp's no_fusion keeps PDL on) are
+    # fitted from them rather than left to the base: under PDL a kernel adds to its stream its
+    # time less the prologue it ran early, plus the wait's release after its predecessor
+    early = base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns
+    pdl_only = kern[~kern["trace"].isin(no_pdl) & ~kern["op"].isin(set(use["op"]))] if no_pdl else kern.iloc[:0]
+    if len(pdl_only):
+        use = pd.concat([use, pdl_only.assign(duration_ns=(pdl_only["exposed_ns"] - cupti_ns + early).clip(lower=1.0))],
+                        ignore_index=True)
+    late = ", ".join(sorted(set(pdl_only["op"])))
+    what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}"
+            f"{f'; {late} only in PDL traces: from those, plus {early:.0f} ns of prologue run early' if late else ''}"
+            f"; a kernel's time on its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
     by_key, rep_key = fit_groups(use, "key", "op", MIN_OP_KERNELS, min_fixed, what)
     by_op, rep_op = fit_groups(use, "op", "op", MIN_OP_KERNELS, min_fixed, what)
     by_fam, rep_fam = fit_groups(use, "family", "family", MIN_OP_KERNELS, min_fixed, what)
