@@ -64,7 +64,7 @@ def test_reference_backend_runs_the_plan_graph(capsys):
 
 @pytest.mark.parametrize("argv, message", [
     (["--backend", "cuda"], "--backend sim"),
-    (["--backend", "sim", "--gpu", "a100"], "known GPUs: h100, h200"),
+    (["--backend", "sim", "--gpu", "a100"], "known GPUs: h100, h100-llamacpp, h200, h200-llamacpp"),
     (["--backend", "sim", "--host-profile", "amiga"], "known: python, llama.cpp, llama.cpp-windows"),
     (["--backend", "sim", "--trace", "t.txt"], "unknown format '.txt'"),
     (["--backend", "sim", "--tokens", "0"], "--tokens 0 is out of range"),

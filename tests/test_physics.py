@@ -118,9 +118,9 @@ def test_h100_h200_ratio_of_a_bandwidth_bound_model(model: str) -> None:
 
 
 def test_h100_file_says_where_each_number_comes_from() -> None:
-    """The shipped H100 file's bandwidth and kernel fits are measured on an H100; every other
-    number says whether it was measured there, carried over from the measured H200 file, derived
-    or assumed."""
+    """The shipped H100 file's bandwidth and kernel fits are measured on an H100 (the quantised
+    mat-vecs by the H100's mmvq sweep); every other number says whether it was measured there,
+    carried over from the measured H200 file, derived or assumed."""
     import json
 
     from workbench.exec.calibration import CALIBRATION_DIR
@@ -131,7 +131,7 @@ def test_h100_file_says_where_each_number_comes_from() -> None:
                 "ops.MUL_MAT.work_scale"]:
         assert on_h100 in src[key], key
     kinds = (on_h100, "carried over from data/calibration/h200.json", "fitted by `python -m workbench.exec.fit_eager`",
-             "derived", "assumed", "not measured", "kept at")
+             "measured by benchmarks/mmvq_sweep.py on an NVIDIA H100", "derived", "assumed", "not measured", "kept at")
     for key in [k for k in src if k.startswith(("device.", "host_profiles.python.", "families.", "ops."))]:
         assert any(k in src[key] for k in kinds), (key, src[key])
 

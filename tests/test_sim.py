@@ -297,7 +297,7 @@ def test_calibration_files_source_every_field(gpu):
 
 
 def test_unknown_gpu_and_profile_errors_list_the_known_ones():
-    with pytest.raises(CalibrationError, match="known GPUs: h100, h200"):
+    with pytest.raises(CalibrationError, match="known GPUs: h100, h100-llamacpp, h200, h200-llamacpp"):
         load_calibration("a100")
     with pytest.raises(CalibrationError, match="llama.cpp-windows"):
         load_calibration("h100", host="macos")
