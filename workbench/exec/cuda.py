@@ -319,8 +319,8 @@ class CudaExecutor:
 
         The token's time ends when its host program has run: the logits have landed in the host
         staging buffer, where ``llama_decode`` + synchronize leaves llama.cpp's (the point
-        llama-bench times). The copy out of that buffer (a fresh ~0.5 MB array for a 128k
-        vocabulary: tens of us of page faults and memcpy) is the caller's, not the step's."""
+        llama-bench times). The copy out of that buffer into a fresh array (a vocabulary's
+        float32 logits, with its page faults) is the caller's, not the step's."""
         b = self.prepare(pos)
         t0 = time.perf_counter_ns()
         values = step_input_values(b.plan.graph, int(token), pos)
