@@ -198,14 +198,14 @@ def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float,
     # fitted from them rather than left to the base: under PDL a kernel adds to its stream its
     # time less the prologue it ran early, plus the wait's release after its predecessor
     early = base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns
-    pdl_only = kern[~kern["trace"].isin(no_pdl) & ~kern["op"].isin(set(use["op"]))] if no_pdl else kern.iloc[:0]
-    if len(pdl_only):
-        use = pd.concat([use, pdl_only.assign(duration_ns=(pdl_only["exposed_ns"] - cupti_ns + early).clip(lower=1.0))],
-                        ignore_index=True)
-    late = ", ".join(sorted(set(pdl_only["op"])))
-    what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}"
-            f"{f'; {late} only in PDL traces: from those, plus {early:.0f} ns of prologue run early' if late else ''}"
-            f"; a kernel's time on its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
+    pdl_only = kern[~kern["op"].isin(use["op"])]  # empty when every trace was taken (no trace without PDL)
+    use = pd.concat([use, pdl_only.assign(duration_ns=(pdl_only["exposed_ns"] - cupti_ns + early).clip(lower=1.0))],
+                    ignore_index=True)
+    pdl_ops = ", ".join(sorted(set(pdl_only["op"])))
+    from_pdl = (f"; {pdl_ops} only in PDL traces: from those, plus {early:.0f} ns of prologue run early"
+                if pdl_ops else "")
+    what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}{from_pdl}; a "
+            f"kernel's time on its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
     by_key, rep_key = fit_groups(use, "key", "op", MIN_OP_KERNELS, min_fixed, what)
     by_op, rep_op = fit_groups(use, "op", "op", MIN_OP_KERNELS, min_fixed, what)
     by_fam, rep_fam = fit_groups(use, "family", "family", MIN_OP_KERNELS, min_fixed, what)
