@@ -1,5 +1,5 @@
-// Row-wise ops: RMS_NORM (+ the fused RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_Q8_1), L2_NORM,
-// NORM_GATED, SOFT_MAX, SUM_ROWS.
+// Row-wise ops: RMS_NORM (+ the fused RMS_NORM_MUL, RMS_NORM_MUL_ADD, RMS_NORM_MUL_Q8_1,
+// RMS_NORM_MUL_ROPE), L2_NORM, NORM_GATED, SOFT_MAX, SUM_ROWS (+ the fused MUL_SUM_ROWS).
 // One block per row (rows = the first three TV axes, the row on axis 3). Each thread stages its
 // elements of the row (and of the weight / gate) in registers in one pass, so every read of the
 // kernel happens before PDL_TRIGGER(after_main_loop): the next kernel may start while this one
@@ -80,6 +80,102 @@ extern "C" __global__ void k_norm_gated(TV d, TV x, TV w, TV z, float eps) {
     norm_row<NORM_GATED_RMS>(d, x, w, z, eps);
 }
 
+// RMS_NORM_MUL_ROPE (rms-norm-mul-rope, ggml's rms_norm_mul_rope_f32): each row (a head of
+// Qwen3's Q or K) normalised, times w, rotated as k_rope rotates (NeoX halves of the first n_rot
+// elements), written aligned to x's shape or, when `store`, into cache row idx[i / R] as
+// k_rope_set_rows stores (R = one cache row's elements, cache rows_first). A warp per row, no
+// block barrier: the lane's elements (j = lane + 32 u) in registers, sum(x^2) by shuffles, the
+// normed row through the warp's shared slice for the rotation partners. The float32 steps are
+// k_rms_norm_mul's and k_rope's, in their order.
+#define NORM_ROPE_WARPS 4
+#define NORM_ROPE_MAXD 256
+#define NORM_ROPE_PER (NORM_ROPE_MAXD / 32)
+extern "C" __global__ void __launch_bounds__(32 * NORM_ROPE_WARPS)
+k_rms_norm_mul_rope(TV d, TV x, TV w, TV pos, TV freqs, TV idx, float eps, int n_rot, float attn_factor, int store) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    __shared__ float normed[NORM_ROPE_WARPS][NORM_ROPE_MAXD];
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int r = blockIdx.x * NORM_ROPE_WARPS + warp, hd = x.n[3], half = n_rot / 2;
+    const bool live = r < tv_rows(x);
+    const char* xr = x.p + (live ? tv_row_off(x, x.n, r) : 0);
+    float wv[NORM_ROPE_PER], inv[NORM_ROPE_PER], xv[NORM_ROPE_PER];
+    // every load below is a plain f32 load in one basic block (the pass takes f32 x and w; freqs is
+    // the f32 constant), so each group is in flight at once: ldf's branch on the dtype, with its
+    // out-of-line call, would serialise them, one round trip each
+    const float* wf = (const float*)w.p;
+    const float* ff = (const float*)freqs.p;
+    const int ws = (int)(w.s[3] / 4), fs = (int)(freqs.s[3] / 4);
+#pragma unroll
+    for (int u = 0; u < NORM_ROPE_PER; ++u) {  // constants
+        const int j = lane + 32 * u;
+        wv[u] = j < hd ? wf[j * ws] : 0.0f;
+        inv[u] = j < n_rot ? ff[(j < half ? j : j - half) * fs] : 0.0f;
+    }
+    const int xs = (int)(x.s[3] / 4);
+    const float* xf = (const float*)xr;
+    PDL_WAIT(first_read);
+    const float first = live && lane < hd ? ldf_v(xr + (i64)lane * x.s[3], x.dt) : 0.0f;
+    PDL_WAIT(late);
+    float ss = first * first;
+    xv[0] = first;
+#pragma unroll
+    for (int u = 1; u < NORM_ROPE_PER; ++u) {
+        const int j = lane + 32 * u;
+        xv[u] = live && j < hd ? xf[j * xs] : 0.0f;
+    }
+#pragma unroll
+    for (int u = 1; u < NORM_ROPE_PER; ++u) ss += xv[u] * xv[u];
+    const float p = (float)ldi(pos.p, pos.dt);
+    i64 dst[NORM_ROPE_PER];  // byte offset of each element's destination
+    const int R = store ? d.n[1] * d.n[2] * d.n[3] : 1;
+    const int cshape[4] = {1, d.n[1], d.n[2], d.n[3]};
+    // a token's rows fill one cache row (idx of one element): its index read once
+    const i64 row0 = store && tv_numel(idx) == 1 ? ldi(idx.p, idx.dt) * d.s[0] : 0;
+#pragma unroll
+    for (int u = 0; u < NORM_ROPE_PER; ++u) {
+        const int j = lane + 32 * u;
+        if (!live || j >= hd) {
+            dst[u] = 0;
+        } else if (store) {
+            const int i = r * hd + j;
+            const i64 row = tv_numel(idx) == 1 ? row0 : ldi(idx.p + tv_off(idx, idx.n, i / R), idx.dt) * d.s[0];
+            dst[u] = row + tv_off(d, cshape, i % R);
+        } else {
+            dst[u] = tv_row_off(d, x.n, r) + (i64)j * d.s[3];
+        }
+    }
+    ss = warp_sum(ss);
+    PDL_TRIGGER(after_main_loop);
+    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+#pragma unroll
+    for (int u = 0; u < NORM_ROPE_PER; ++u) {
+        float v = xv[u] * scale;
+        v *= wv[u];
+        xv[u] = v;
+        if (lane + 32 * u < hd) normed[warp][lane + 32 * u] = v;
+    }
+    __syncwarp();
+#pragma unroll
+    for (int u = 0; u < NORM_ROPE_PER; ++u) {
+        const int j = lane + 32 * u;
+        if (!live || j >= hd) continue;
+        float out = xv[u];
+        if (j < n_rot) {
+            const float ang = p * inv[u];
+            const float c = cosf(ang) * attn_factor, s = sinf(ang) * attn_factor;
+            out = j < half ? xv[u] * c - normed[warp][j + half] * s : xv[u] * c + normed[warp][j - half] * s;
+        }
+        // inline stores: stf's out-of-line call for f16 / bf16 would save this loop's live
+        // registers around each call
+        char* q = d.p + dst[u];
+        if (d.dt == DT_F16) *(u16*)q = f2h(out);
+        else if (d.dt == DT_BF16) *(u16*)q = f2bf(out);
+        else *(float*)q = out;
+    }
+    PDL_TRIGGER(end);
+}
+
 // SOFT_MAX over the last axis: exp(x - max) / sum. d: rows aligned to x's shape.
 extern "C" __global__ void k_soft_max(TV d, TV x) {
     PDL_TRIGGER(start);
@@ -129,5 +225,27 @@ extern "C" __global__ void k_sum_rows(TV d, TV x) {
     PDL_TRIGGER(after_main_loop);
     s = block_sum(s);
     if (t == 0) stf(d.p + tv_off(d, d.n, r), d.dt, s);
+    PDL_TRIGGER(end);
+}
+
+// MUL_SUM_ROWS (moe-weighted-reduction, ggml's moe_weighted_reduction): d[j] = sum over the k
+// experts of e[q, j] * w[q], each product rounded as MUL rounds it, summed in expert order. A
+// thread per output element; e: [k, n] (axes 2..3), w: one weight per expert (axis 2), d: flat [n].
+extern "C" __global__ void k_sum_rows_mul(TV d, TV e, TV w) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    const int j = blockIdx.x * blockDim.x + threadIdx.x, K = e.n[2], n = e.n[3];
+    const bool ok = j < n;
+    const char* ej = e.p + (i64)(ok ? j : 0) * e.s[3];
+    PDL_WAIT(first_read);
+    const float first = ok ? ldf_v(ej, e.dt) : 0.0f;
+    PDL_WAIT(late);
+    float s = 0.0f;
+    for (int q = 0; q < K; ++q) {
+        const float ev = q == 0 ? first : (ok ? ldf(ej + (i64)q * e.s[2], e.dt) : 0.0f);
+        s += __fmul_rn(ev, ldf(w.p + (i64)q * w.s[2], w.dt));
+    }
+    PDL_TRIGGER(after_main_loop);
+    if (ok) stf(d.p + tv_off(d, d.n, j), d.dt, s);
     PDL_TRIGGER(end);
 }

@@ -84,34 +84,12 @@ extern "C" __global__ void k_argsort_top_k(TV d, TV x, int k) {
     PDL_TRIGGER(end);
 }
 
-// TOPK_MOE (llama.cpp's topk_moe_cuda): the MoE router chain in one warp. x: the router logits
-// (one row on axis 3, n <= TOPK_MAXN); w: the k weights, ids: the k expert ids (both flat).
-// softmax_first: probabilities over all experts first (Qwen3), else a softmax over the k chosen
-// logits (gpt-oss); norm: the chosen weights renormalised to sum to one. block = 32 threads.
-extern "C" __global__ void k_topk_moe(TV w, TV ids, TV x, int k, int softmax_first, int norm) {
-    PDL_TRIGGER(start);
-    PDL_WAIT(start);
-    __shared__ float vals[TOPK_MAXN];
-    __shared__ unsigned char taken[TOPK_MAXN];
-    __shared__ float chosen[64];
-    __shared__ int chosen_id[64];
-    const int n = x.n[3], lane = threadIdx.x & 31;
-    float m = stage_row(x, vals, taken, n);
-    PDL_TRIGGER(after_main_loop);
-    if (softmax_first) {  // each lane rescales the entries it staged
-        m = warp_max(m);
-        float s = 0.0f;
-        for (int j = lane; j < n; j += 32) {
-            vals[j] = expf(vals[j] - m);
-            s += vals[j];
-        }
-        s = warp_sum(s);
-        for (int j = lane; j < n; j += 32) vals[j] = vals[j] / s;
-    }
-    __syncwarp();
-    warp_top_k(vals, taken, n, k, chosen, chosen_id);
-    // lane r (and r + 32) finishes winner r: gpt-oss's softmax over the chosen logits, the
-    // renormalisation, the stores
+// The end of TOPK_MOE once the k winners (values, ids) are in chosen / chosen_id (shared, k <= 64):
+// lane r (and r + 32) finishes winner r: gpt-oss's softmax over the chosen logits, the
+// renormalisation, the stores.
+__device__ __forceinline__ void topk_moe_finish(TV w, TV ids, const float* chosen, const int* chosen_id, int k,
+                                                int softmax_first, int norm) {
+    const int lane = threadIdx.x & 31;
     float c[2], cm = -WB_INF;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -135,13 +113,126 @@ extern "C" __global__ void k_topk_moe(TV w, TV ids, TV x, int k, int softmax_fir
 #pragma unroll
     for (int i = 0; i < 2; ++i) total += lane + 32 * i < k ? c[i] : 0.0f;
     total = warp_sum(total);
+    const bool flat_w = w.n[0] == 1 && w.n[1] == 1 && w.n[2] == 1, flat_i = ids.n[0] == 1 && ids.n[1] == 1 && ids.n[2] == 1;
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
         const int r = lane + 32 * i;
         if (r < k) {
-            stf(w.p + tv_off(w, w.n, r), w.dt, norm ? c[i] / total : c[i]);
-            stf(ids.p + tv_off(ids, ids.n, r), ids.dt, (float)chosen_id[r]);
+            const float v = norm ? c[i] / total : c[i];
+            char* pw = w.p + (flat_w ? (i64)r * w.s[3] : tv_off(w, w.n, r));
+            char* pi = ids.p + (flat_i ? (i64)r * ids.s[3] : tv_off(ids, ids.n, r));
+            if (w.dt == DT_F32) *(float*)pw = v; else stf(pw, w.dt, v);
+            if (ids.dt == DT_I32) *(int*)pi = chosen_id[r]; else stf(pi, ids.dt, (float)chosen_id[r]);
         }
     }
+}
+
+// TOPK_MOE (llama.cpp's topk_moe_cuda): the MoE router chain in one warp. x: the router logits
+// (one row on axis 3); w: the k weights, ids: the k expert ids (both flat). softmax_first:
+// probabilities over all experts first (Qwen3), else a softmax over the k chosen logits
+// (gpt-oss); norm: the chosen weights renormalised to sum to one. block = 32 threads.
+//
+// k_topk_moe (n <= 128: Qwen3-MoE's and gpt-oss's routers) and k_topk_moe_512 (n <= 512,
+// Qwen3-Next's): as llama.cpp's kernel, lane l holds entries l, l + 32, ... in registers (PER of
+// them, the fewest that hold the row: one warp runs every instruction in series, so an unused slot
+// costs its share of each round), a round is the lanes' own best then a butterfly, and the
+// winner's lane marks it in a bit mask: no shared row and no barrier. The shared-memory version
+// (k_topk_moe_wide) took 7.1 us of a Qwen3-30B-A3B q4_0 layer on an H200 with PDL off
+// (data/bench/trace_qwen3-30b-a3b_q4_0_pdl0_dd66418_h200.csv.gz), llama.cpp's 3.5. On an H100,
+// this one took 9.4 us with 16 slots for 128 experts (3132 instructions at 5.3 cycles each) and
+// 5.5 us with 4 (1664 instructions): data/bench/fusion_kernels_h100.md.
+template <int PER>
+__device__ __forceinline__ void topk_moe_reg(TV w, TV ids, TV x, int k, int softmax_first, int norm) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    __shared__ float chosen[64];
+    __shared__ int chosen_id[64];
+    const int n = x.n[3], lane = threadIdx.x & 31;
+    float v[PER];
+    // contiguous f32 logits (every router): plain loads in one basic block, all in flight at once
+    const bool flat = x.dt == DT_F32 && x.s[3] == 4;
+    PDL_WAIT(first_read);
+    const float first = lane < n ? ldf_v(x.p + (i64)lane * x.s[3], x.dt) : -WB_INF;
+    PDL_WAIT(late);
+    if (flat) {
+        const float* xf = (const float*)x.p;
+#pragma unroll
+        for (int u = 1; u < PER; ++u) v[u] = lane + 32 * u < n ? xf[lane + 32 * u] : -WB_INF;
+    } else {
+#pragma unroll
+        for (int u = 1; u < PER; ++u)
+            v[u] = lane + 32 * u < n ? ldf(x.p + (i64)(lane + 32 * u) * x.s[3], x.dt) : -WB_INF;
+    }
+    v[0] = first;
+    float m = -WB_INF;
+#pragma unroll
+    for (int u = 0; u < PER; ++u) m = fmaxf(m, v[u]);
+    PDL_TRIGGER(after_main_loop);
+    if (softmax_first) {  // as the wide kernel: exp(x - max) / sum, entry by entry
+        m = warp_max(m);
+        float s = 0.0f;
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            v[u] = lane + 32 * u < n ? expf(v[u] - m) : 0.0f;
+            s += v[u];
+        }
+        s = warp_sum(s);
+#pragma unroll
+        for (int u = 0; u < PER; ++u) v[u] = v[u] / s;
+    }
+    unsigned taken = 0u;
+    for (int r = 0; r < k; ++r) {
+        float bv = -WB_INF;
+        int bi = -1;
+#pragma unroll
+        for (int u = 0; u < PER; ++u) {
+            const int j = lane + 32 * u;
+            if (j < n && !((taken >> u) & 1u) && better(v[u], j, bv, bi)) { bv = v[u]; bi = j; }
+        }
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
+            if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        }
+        if (bi >= 0 && lane == (bi & 31)) taken |= 1u << (bi >> 5);
+        if (lane == 0) { chosen[r] = bv; chosen_id[r] = bi; }
+    }
+    __syncwarp();
+    topk_moe_finish(w, ids, chosen, chosen_id, k, softmax_first, norm);
+    PDL_TRIGGER(end);
+}
+
+extern "C" __global__ void k_topk_moe(TV w, TV ids, TV x, int k, int softmax_first, int norm) {
+    topk_moe_reg<4>(w, ids, x, k, softmax_first, norm);
+}
+extern "C" __global__ void k_topk_moe_512(TV w, TV ids, TV x, int k, int softmax_first, int norm) {
+    topk_moe_reg<16>(w, ids, x, k, softmax_first, norm);
+}
+
+// k_topk_moe_wide: rows of n <= TOPK_MAXN, staged in shared memory (warp_top_k).
+extern "C" __global__ void k_topk_moe_wide(TV w, TV ids, TV x, int k, int softmax_first, int norm) {
+    PDL_TRIGGER(start);
+    PDL_WAIT(start);
+    __shared__ float vals[TOPK_MAXN];
+    __shared__ unsigned char taken[TOPK_MAXN];
+    __shared__ float chosen[64];
+    __shared__ int chosen_id[64];
+    const int n = x.n[3], lane = threadIdx.x & 31;
+    float m = stage_row(x, vals, taken, n);
+    PDL_TRIGGER(after_main_loop);
+    if (softmax_first) {  // each lane rescales the entries it staged
+        m = warp_max(m);
+        float s = 0.0f;
+        for (int j = lane; j < n; j += 32) {
+            vals[j] = expf(vals[j] - m);
+            s += vals[j];
+        }
+        s = warp_sum(s);
+        for (int j = lane; j < n; j += 32) vals[j] = vals[j] / s;
+    }
+    __syncwarp();
+    warp_top_k(vals, taken, n, k, chosen, chosen_id);
+    topk_moe_finish(w, ids, chosen, chosen_id, k, softmax_first, norm);
     PDL_TRIGGER(end);
 }

@@ -30,7 +30,8 @@ from workbench.verify.seeded import SEEDED_BUGS
 from workbench.verify.seeded_fusions import FUSION_GRAPHS, fused_plan, fusion_of
 from workbench.verify.sweep import fusion_sets
 
-NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe")
+NEW = ("mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe", "rms-norm-mul-rope",
+       "moe-weighted-reduction")
 OPS_OF = {f: {op for op, g in FUSED_OPS.items() if g == f} for f in set(FUSED_OPS.values())}
 
 #: preset -> fusion -> nodes removed. Two layers each (qwen3-next-tiny: 3 gated-delta-net layers
@@ -42,16 +43,24 @@ OPS_OF = {f: {op for op, g in FUSED_OPS.items() if g == f} for f in set(FUSED_OP
 #: rope-set-rows: K's ROPE of every attention layer (Q's goes to the attention, V has none);
 #: add-chain: gpt-oss's (attn_out + bias) + residual, qwen3-next's routed + shared expert + residual;
 #: topk-moe: per MoE layer SOFT_MAX, ARGSORT_TOP_K, GET_ROWS, SUM_ROWS (+ the DIV kept) with
-#: Qwen3's gating, ARGSORT_TOP_K, GET_ROWS (+ the SOFT_MAX kept) with gpt-oss's.
+#: Qwen3's gating, ARGSORT_TOP_K, GET_ROWS (+ the SOFT_MAX kept) with gpt-oss's;
+#: rms-norm-mul-rope: RMS_NORM and MUL of the Q and K head norms of each Qwen3 attention layer;
+#: moe-weighted-reduction: the MUL of the weighted experts of each MoE layer.
 EXPECTED = {
-    "llama-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 0},
-    "qwen3-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 0},
-    "qwen3-moe-tiny": {"mul-mat-glu": 4, "mul-mat-add": 2, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 8},
-    "gpt-oss-tiny": {"mul-mat-glu": 0, "mul-mat-add": 10, "rope-set-rows": 2, "add-chain": 2, "topk-moe": 4},
-    "qwen3-next-tiny": {"mul-mat-glu": 16, "mul-mat-add": 4, "rope-set-rows": 1, "add-chain": 4, "topk-moe": 16},
+    "llama-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 0,
+                   "rms-norm-mul-rope": 0, "moe-weighted-reduction": 0},
+    "qwen3-tiny": {"mul-mat-glu": 4, "mul-mat-add": 4, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 0,
+                   "rms-norm-mul-rope": 8, "moe-weighted-reduction": 0},
+    "qwen3-moe-tiny": {"mul-mat-glu": 4, "mul-mat-add": 2, "rope-set-rows": 2, "add-chain": 0, "topk-moe": 8,
+                       "rms-norm-mul-rope": 8, "moe-weighted-reduction": 2},
+    "gpt-oss-tiny": {"mul-mat-glu": 0, "mul-mat-add": 10, "rope-set-rows": 2, "add-chain": 2, "topk-moe": 4,
+                     "rms-norm-mul-rope": 0, "moe-weighted-reduction": 2},
+    "qwen3-next-tiny": {"mul-mat-glu": 16, "mul-mat-add": 4, "rope-set-rows": 1, "add-chain": 4, "topk-moe": 16,
+                        "rms-norm-mul-rope": 4, "moe-weighted-reduction": 4},
 }
 #: nodes one fused node replaces (removed per fused node)
-REMOVED_PER_FUSED = {"mul-mat-glu": 2, "mul-mat-add": 1, "rope-set-rows": 1}
+REMOVED_PER_FUSED = {"mul-mat-glu": 2, "mul-mat-add": 1, "rope-set-rows": 1, "rms-norm-mul-rope": 2,
+                     "moe-weighted-reduction": 1}
 #: topk-moe: removed per router chain by gating
 ROUTER_REMOVED = {"softmax": 4, "softmax_weight": 2}
 

@@ -1,5 +1,6 @@
 """Each fused kernel of the Strategy fusions (mul-mat-add, mul-mat-glu, rope-set-rows, add-chain,
-topk-moe, rms-norm-mul's + add, and the workbench's own norm-mat-vec and qkv-rope-store: the norm
+topk-moe, rms-norm-mul's + add, rms-norm-mul-rope (rows out, or stored into f16 / bf16 / f32 caches,
+full and partial rotation), moe-weighted-reduction, and the workbench's own norm-mat-vec and qkv-rope-store: the norm
 folded into the block, row-streaming and gate/up mat-vecs, Q/K/V + RoPE (full and partial) + the
 cache stores, alone, normed and with gpt-oss's biases) node by node against its NumPy twin, in every kernel variant its
 binding can pick: the block (two warps per row at K = 2048) and row-streaming mat-vecs and both
@@ -107,6 +108,37 @@ def _topk_moe(n: int, k: int, gating: str):
     return b.build()
 
 
+def _norm_rope(heads: int, hd: int, n_rot: int, cdt: str | None):
+    """Qwen3's per-head Q norm (``cdt`` None: rotated rows out) or K norm (rotated and stored into
+    a ``cdt`` cache by rope-set-rows first): RMS_NORM + MUL + ROPE (+ SET_ROWS)."""
+    from workbench.models.blocks import rms_norm
+
+    b = GraphBuilder("norm-rope")
+    x = b.input("x", (1, heads * hd), "f32").reshape((heads, hd))
+    pos = b.input("inp_pos", (1,), "i32")
+    freqs = b.const("rope_freqs", (n_rot // 2,), "f32")
+    normed = rms_norm(b, x, b.weight("w_norm", (hd,), "f32"), 1e-6, "Kcur_normed")
+    r = b.op("ROPE", "Kcur_rope", [normed, pos, freqs], (heads, hd), n_rot=n_rot, attn_factor=1.0)
+    if cdt is None:
+        b.output("logits", b.op("SCALE", "result_output", [r], (heads, hd), kind="output", s=1.0))
+        return b.build()
+    idx = b.input("inp_kv_idx", (1,), "i64")
+    b.node("SET_ROWS", "k_store", [r.reshape((1, heads * hd)), idx], [b.cache("cache_k", (8, heads * hd), cdt)])
+    b.output("logits", b.op("SCALE", "result_output", [x], (heads, hd), kind="output", s=1.0))
+    return PASSES["rope-set-rows"](b.build())[0]
+
+
+def _moe_weighted(k: int, n: int):
+    """The experts' outputs [k, n] weighted by the router and summed over the experts."""
+    b = GraphBuilder("moe-weighted")
+    experts = b.input("experts", (k, n), "f32")
+    w = b.input("weights", (k, 1), "f32")
+    weighted = b.op("MUL", "ffn_moe_weighted", [experts, w], (k, n))
+    out = b.op("SUM_ROWS", "ffn_moe_out", [weighted.permute(1, 0)], (1, n))
+    b.output("logits", b.op("SCALE", "result_output", [out], (1, n), kind="output", s=1.0))
+    return b.build()
+
+
 def _post_norm(cols: int):
     """llama.cpp's rms_norm + mul + add: a post-norm added to the residual."""
     from workbench.models.blocks import rms_norm
@@ -182,8 +214,17 @@ CASES = {
        for dt in ("f16", "bf16", "f32")},
     "rope-set-rows-partial": ("rope-set-rows", lambda: _rope_set_rows("f16", 16), "k_rope_set_rows"),
     "topk-moe-softmax": ("topk-moe", lambda: _topk_moe(128, 8, "softmax"), "k_topk_moe"),
-    "topk-moe-softmax-wide": ("topk-moe", lambda: _topk_moe(512, 10, "softmax"), "k_topk_moe"),
+    "topk-moe-softmax-wide": ("topk-moe", lambda: _topk_moe(512, 10, "softmax"), "k_topk_moe_512"),
+    "topk-moe-softmax-200": ("topk-moe", lambda: _topk_moe(200, 8, "softmax"), "k_topk_moe_512"),
     "topk-moe-softmax-weight": ("topk-moe", lambda: _topk_moe(32, 4, "softmax_weight"), "k_topk_moe"),
+    "topk-moe-softmax-1024": ("topk-moe", lambda: _topk_moe(1024, 8, "softmax"), "k_topk_moe_wide"),
+    "topk-moe-softmax-weight-40": ("topk-moe", lambda: _topk_moe(40, 4, "softmax_weight"), "k_topk_moe"),
+    "rms-norm-mul-rope-q": ("rms-norm-mul-rope", lambda: _norm_rope(32, 128, 128, None), "k_rms_norm_mul_rope"),
+    "rms-norm-mul-rope-partial": ("rms-norm-mul-rope", lambda: _norm_rope(6, 256, 64, None), "k_rms_norm_mul_rope"),
+    **{f"rms-norm-mul-rope-store-{dt}": ("rms-norm-mul-rope", lambda dt=dt: _norm_rope(4, 128, 128, dt),
+                                         "k_rms_norm_mul_rope") for dt in ("f16", "bf16", "f32")},
+    "moe-weighted-reduction": ("moe-weighted-reduction", lambda: _moe_weighted(8, 2048), "k_sum_rows_mul"),
+    "moe-weighted-reduction-odd": ("moe-weighted-reduction", lambda: _moe_weighted(15, 2880), "k_sum_rows_mul"),
     "rms-norm-mul-add": ("rms-norm-mul", lambda: _post_norm(2048), "k_rms_norm_mul_add"),
     "rms-norm-mul-add-short": ("rms-norm-mul", lambda: _post_norm(96), "k_rms_norm_mul_add"),
     "add-chain-3": ("add-chain", lambda: _add_chain(3), "k_add_chain"),

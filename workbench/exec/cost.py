@@ -54,6 +54,8 @@ KERNEL_NAMES = {
     "ROPE_SET_ROWS": "rope_neox<set_rows>",
     "ADD_CHAIN": "k_bin_bcast<op_add,op_add>",
     "TOPK_MOE": "topk_moe_cuda",
+    "RMS_NORM_MUL_ROPE": "rms_norm_mul_rope_f32",
+    "MUL_SUM_ROWS": "moe_weighted_reduction_f32",
     "SET_ROWS": "k_set_rows",
     "QUANTIZE_Q8_1": "quantize_q8_1",
     "FLASH_ATTN_EXT": "flash_attn_ext_vec",
@@ -80,6 +82,7 @@ FUSED_BASE = {"RMS_NORM_MUL_ADD": ("RMS_NORM", "_mul_add"),
               "MUL_MAT_ID_GLU": ("MUL_MAT_ID", "_glu"),
               "ROPE_SET_ROWS": ("ROPE", "_set_rows"), "ADD_CHAIN": ("ADD", "_chain"),
               "TOPK_MOE": ("ARGSORT_TOP_K", ""),
+              "RMS_NORM_MUL_ROPE": ("RMS_NORM", "_mul_rope"), "MUL_SUM_ROWS": ("SUM_ROWS", "_mul"),
               # the workbench's own: the block mat-vec's main loop after a prologue that stages
               # the (normed) activation in shared memory (kernels/fused_mat_vec.cu)
               "RMS_NORM_MUL_MAT": ("MUL_MAT", "_norm"), "RMS_NORM_MUL_MAT_GLU": ("MUL_MAT", "_glu_norm"),
@@ -158,6 +161,9 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         if op in ("SOFT_MAX", "ARGSORT_TOP_K", "TOPK_MOE"):
             return nrows, min(1024, 1 << max(5, (ncols - 1).bit_length()))
         return nrows, (1024 if ncols >= 1024 else 32)      # ggml: a warp per row below 1024 columns
+    if op == "RMS_NORM_MUL_ROPE":                          # rms_norm_mul_rope_f32<256>: a block per row
+        x = node.srcs[0]
+        return max(1, x.numel // x.shape[-1]), 256
     if op in ("ROPE", "ROPE_SET_ROWS"):
         x = node.srcs[0]                                   # the rotated rows (a cache is the fused dst)
         ne0 = x.shape[-1]

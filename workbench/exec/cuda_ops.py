@@ -305,7 +305,53 @@ def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
                         f"logits, got {x.shape} -> {w.shape}, {ids.shape}")
     args = (arg(w, addr), arg(ids, addr), arg(x, addr), i32(k), i32(node.params["gating"] == "softmax"),
             i32(bool(node.params["norm"])))
-    return KernelCall("topk", "k_topk_moe", (1,), (32,), args, None, node.outs)
+    name = next((k for top, k in TOPK_REG_KERNELS if n <= top), "k_topk_moe_wide")
+    return KernelCall("topk", name, (1,), (32,), args, None, node.outs)
+
+
+#: (router logits at most, kernel): the register kernels (kernels/topk.cu, 32 lanes x 4 or 16 slots)
+TOPK_REG_KERNELS = ((128, "k_topk_moe"), (512, "k_topk_moe_512"))
+#: rows one k_rms_norm_mul_rope block takes (kernels/norm.cu NORM_ROPE_WARPS, a warp per row)
+NORM_ROPE_WARPS = 4
+
+
+def _rms_norm_mul_rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """RMS_NORM_MUL_ROPE (rms-norm-mul-rope): a warp per row normalises, scales and rotates it,
+    writing the rows aligned to x's shape, or (with the row index, source 4) into the cache as
+    k_rope_set_rows stores."""
+    x, w, pos, freqs = node.srcs[:4]
+    d = node.dst
+    hd = x.shape[-1]
+    if {x.dtype, w.dtype, freqs.dtype} != {"f32"} or x.strides[-1] != 4 or hd > 256 or \
+            d.dtype not in ("f32", "f16", "bf16"):
+        raise BindError(f"{node.name}: k_rms_norm_mul_rope takes f32 rows of at most 256 contiguous elements, an "
+                        f"f32 weight and f32 frequencies into f32 / f16 / bf16, got {x.describe()}, {w.describe()}, "
+                        f"{freqs.describe()} -> {d.describe()}")
+    rows = x.numel // hd
+    store = len(node.srcs) == 5
+    if store:
+        idx = node.srcs[4]
+        if x.numel != idx.numel * (d.numel // d.shape[0]):
+            raise BindError(f"{node.name}: {x.numel} rotated elements do not fill {idx.numel} rows of {d.shape}")
+        out, ia = rows_first(d, addr), arg(idx, addr)
+    else:
+        out, ia = arg(d, addr, *like(d, x.shape, node.name)), arg(pos, addr)
+    args = (out, arg(x, addr), arg(w, addr, (hd,), (w.strides[-1],)), arg(pos, addr), arg(freqs, addr), ia,
+            f32(node.params["eps"]), i32(node.params["n_rot"]), f32(node.params.get("attn_factor", 1.0)), i32(store))
+    return KernelCall("norm", "k_rms_norm_mul_rope", (ceil(rows / NORM_ROPE_WARPS),), (32 * NORM_ROPE_WARPS,), args,
+                      None, node.outs)
+
+
+def _mul_sum_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
+    """MUL_SUM_ROWS (moe-weighted-reduction): a thread per output element sums its k weighted
+    expert values."""
+    e, w = node.srcs
+    d = node.dst
+    k, n = e.shape
+    if d.numel != n:
+        raise BindError(f"{node.name}: {k} experts' rows of {n} summed into {d.numel} elements")
+    args = (arg(d, addr), arg(e, addr), arg(w, addr, (k, 1), (w.itemsize, 0)))  # w: contiguous (the pass)
+    return KernelCall("norm", "k_sum_rows_mul", _ew_grid(n), (EW_THREADS,), args, None, node.outs)
 
 
 def _rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
@@ -743,6 +789,8 @@ _BINDERS: dict[str, Callable[[Node, Addr, Workspace], KernelCall]] = {
     "ROPE_SET_ROWS": _rope_set_rows,
     "ADD_CHAIN": _add_chain,
     "TOPK_MOE": _topk_moe,
+    "RMS_NORM_MUL_ROPE": _rms_norm_mul_rope,
+    "MUL_SUM_ROWS": _mul_sum_rows,
     "MUL_MAT_ID": _mul_mat_id,
     "RMS_NORM_MUL_MAT": _rms_norm_mul_mat,
     "RMS_NORM_MUL_MAT_GLU": _rms_norm_mul_mat,

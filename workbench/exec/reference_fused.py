@@ -64,6 +64,27 @@ def op_rope_set_rows(node: Node, mem: Memory) -> None:
     store_rows(mem, node.outs[0], node.srcs[3], rot)
 
 
+@numpy_op("RMS_NORM_MUL_ROPE")
+def op_rms_norm_mul_rope(node: Node, mem: Memory) -> None:
+    """RMS_NORM then MUL then ROPE of each row, stored as SET_ROWS stores when the node has the
+    row index (source 4)."""
+    from .reference_ops import rope, store_rows
+
+    normed = rms_norm(_src(node, mem, 0), node.params["eps"]) * _src(node, mem, 1)
+    pos = int(mem.read(node.srcs[2]).reshape(-1)[0])
+    rot = rope(normed, pos, _src(node, mem, 3), node.params["n_rot"], node.params.get("attn_factor", 1.0))
+    if len(node.srcs) == 5:
+        store_rows(mem, node.outs[0], node.srcs[4], rot)
+    else:
+        _out(node, mem, rot)
+
+
+@numpy_op("MUL_SUM_ROWS")
+def op_mul_sum_rows(node: Node, mem: Memory) -> None:
+    """MUL of the experts' rows by their weights, then SUM_ROWS of the transposed product."""
+    _out(node, mem, (_src(node, mem, 0) * _src(node, mem, 1)).T.sum(axis=-1))
+
+
 def _normed(node: Node, mem: Memory, slot: int) -> np.ndarray:
     """Source ``slot`` (x) as the folded ``rms_norm(x) * w`` of norm-mat-vec (w the last source),
     computed as RMS_NORM then MUL did; x itself where no norm was folded in."""

@@ -105,6 +105,17 @@ def _rope_set_rows_bytes(n: Node) -> float:
     return float(sum(s.nbytes for s in n.srcs) + x.numel * n.dst.itemsize)
 
 
+def _norm_rope_bytes(n: Node) -> float:
+    # srcs = (x, w, pos, freqs[, row indices]): every source once, x's elements written (as cache
+    # rows in the cache's type when the node stores them)
+    return float(sum(s.nbytes for s in n.srcs) + n.srcs[0].numel * n.dst.itemsize)
+
+
+def _mul_sum_rows_bytes(n: Node) -> float:
+    # srcs = (experts [k, d], weights [k, 1]): both read once, the weighted sum [1, d] written
+    return float(n.srcs[0].nbytes + _unique_bytes(n.srcs[1]) + n.dst.nbytes)
+
+
 def _norm_mat_vec_flops(n: Node) -> float:
     # srcs = (w..., x, w_norm): the mat-vec(s) plus sum(x^2), the scale and the weight per element
     # of x, recomputed by every block of the fused kernel (counted once here: the DRAM-side view)
@@ -190,6 +201,8 @@ _op("MUL_MAT_ID_GLU", "mul_mat", _mul_mat_id_glu_flops, _mul_mat_id_glu_bytes)  
 _op("ROPE_SET_ROWS", "rope", lambda n: 6.0 * n.srcs[0].numel, _rope_set_rows_bytes)  # rope-set-rows: into the cache
 _op("TOPK_MOE", "softmax", lambda n: float(n.srcs[0].numel * 13), _multi_out_bytes)  # topk-moe fusion
 _op("ADD_CHAIN", "elementwise", lambda n: float(n.dst.numel * (len(n.srcs) - 1)))  # add-chain: a + b + c ...
+_op("RMS_NORM_MUL_ROPE", "norm", lambda n: 10.0 * n.srcs[0].numel, _norm_rope_bytes)  # rms-norm-mul-rope (+ set_rows)
+_op("MUL_SUM_ROWS", "elementwise", lambda n: 2.0 * n.srcs[0].numel, _mul_sum_rows_bytes)  # moe-weighted-reduction
 # the workbench's own fusions (workbench/strategy/fusion_ours.py): llama.cpp has no kernel for them
 _op("RMS_NORM_MUL_MAT", "mul_mat", _norm_mat_vec_flops)      # norm-mat-vec: the norm in the mat-vec
 _op("RMS_NORM_MUL_MAT_GLU", "mul_mat", _norm_mat_vec_flops)  # norm-mat-vec of a gate/up mat-vec

@@ -16,8 +16,15 @@ from collections.abc import Callable, Iterable
 
 from ..graph import Graph, Node, View
 from .deps import accesses_by_buffer, readers_of, touchers_between
-from .fusion_chains import fuse_add_chain, fuse_mul_mat_add, fuse_mul_mat_glu, fuse_norm_mul_add, fuse_rope_set_rows
-from .fusion_moe import fuse_topk_moe
+from .fusion_chains import (
+    fuse_add_chain,
+    fuse_mul_mat_add,
+    fuse_mul_mat_glu,
+    fuse_norm_mul_add,
+    fuse_norm_mul_rope,
+    fuse_rope_set_rows,
+)
+from .fusion_moe import fuse_moe_weighted_reduction, fuse_topk_moe
 from .fusion_ours import fuse_norm_mat_vec, fuse_qkv_rope_store
 from .rewrite import output_buffers, rebuild, with_nodes
 
@@ -153,9 +160,10 @@ def eliminate_copies(graph: Graph) -> tuple[Graph, list[str]]:
 #: Strategy.fusion name -> rewrite, applied in this order: the mat-vec epilogues first (a GLU's
 #: gate and up are plain MUL_MATs only before mul-mat-add takes their bias ADDs), copy
 #: elimination last (it redirects whatever op the other passes left producing a copied tensor).
-#: The workbench's own fusions come after llama.cpp's: qkv-rope-store takes the K store that
-#: rope-set-rows made, norm-mat-vec folds the norm that rms-norm-mul made into the mat-vecs that
-#: mul-mat-glu and qkv-rope-store made.
+#: rms-norm-mul-rope takes the norm that rms-norm-mul made (or the RMS_NORM + MUL pair) and the
+#: store that rope-set-rows made. The workbench's own fusions come after llama.cpp's:
+#: qkv-rope-store takes the K store that rope-set-rows made, norm-mat-vec folds the norm that
+#: rms-norm-mul made into the mat-vecs that mul-mat-glu and qkv-rope-store made.
 PASSES: dict[str, Callable[[Graph], tuple[Graph, list[str]]]] = {
     "mul-mat-glu": fuse_mul_mat_glu,
     "mul-mat-add": fuse_mul_mat_add,
@@ -163,6 +171,8 @@ PASSES: dict[str, Callable[[Graph], tuple[Graph, list[str]]]] = {
     "add-chain": fuse_add_chain,
     "topk-moe": fuse_topk_moe,
     "rms-norm-mul": lambda g: _then(fuse_rms_norm_mul, fuse_norm_mul_add, g),
+    "rms-norm-mul-rope": fuse_norm_mul_rope,
+    "moe-weighted-reduction": fuse_moe_weighted_reduction,
     "qkv-rope-store": fuse_qkv_rope_store,
     "norm-mat-vec": fuse_norm_mat_vec,
     "copy-elim": eliminate_copies,

@@ -16,20 +16,25 @@ it later than the first node did); everything is matched on ops and byte ranges.
   (ggml's rope + view + set_rows: K is rotated straight into its KV-cache row).
 * ``add-chain``: ADDs each adding one more operand to the previous sum -> ``ADD_CHAIN``
   (ggml's multi-add, up to ``MAX_ADD_OPERANDS`` operands).
+* ``rms-norm-mul-rope``: ``rms_norm(x) * w`` (``RMS_NORM_MUL``, or the RMS_NORM + MUL pair) read
+  only by a ROPE, or by a ROPE_SET_ROWS into a cache -> ``RMS_NORM_MUL_ROPE`` (x, w, pos,
+  freqs[, idx]): Qwen3's per-head Q/K norm, rotated (and K stored) by the norm's kernel
+  (ggml's ``rms_norm_mul_rope_f32``, rms_norm + mul + rope (+ view + set_rows)).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..graph import Graph, Node
+from ..graph import Graph, Node, View
 from .deps import accesses_by_buffer
-from .rewrite import last_writer, operand_slot, output_buffers, rebuild, sole_reader, stable_between
+from .rewrite import last_writer, operand_slot, output_buffers, rebuild, same_elements, sole_reader, stable_between
 
 #: fused op -> the Strategy fusion that creates it (the race report names the fusion)
 FUSED_OPS = {"RMS_NORM_MUL_ADD": "rms-norm-mul",
              "MUL_MAT_ADD": "mul-mat-add", "MUL_MAT_GLU": "mul-mat-glu", "MUL_MAT_ID_GLU": "mul-mat-glu",
              "ROPE_SET_ROWS": "rope-set-rows", "ADD_CHAIN": "add-chain", "TOPK_MOE": "topk-moe",
+             "RMS_NORM_MUL_ROPE": "rms-norm-mul-rope", "MUL_SUM_ROWS": "moe-weighted-reduction",
              # the workbench's own (fusion_ours)
              "RMS_NORM_MUL_MAT": "norm-mat-vec", "RMS_NORM_MUL_MAT_GLU": "norm-mat-vec",
              "RMS_NORM_MUL_Q8_1": "norm-mat-vec", "QKV_ROPE_SET_ROWS": "qkv-rope-store"}
@@ -228,3 +233,65 @@ def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
         drop.update(chain[:-1])
     return rebuild(graph, replace, drop)
 
+
+
+def norm_mul_of(nodes: list[Node], index: dict, outputs: set[str], i: int) -> tuple[list[int], View, View] | None:
+    """(absorbed nodes, x, norm weight) when node ``i`` starts ``rms_norm(x) * w`` (fused or not)."""
+    n = nodes[i]
+    if n.op == "RMS_NORM_MUL" and len(n.outs) == 1:
+        x, w = n.srcs
+        return [i], x, w
+    if n.op != "RMS_NORM" or len(n.outs) != 1:
+        return None
+    j = sole_reader(nodes, index, outputs, i)
+    if j is None or nodes[j].op != "MUL" or len(nodes[j].outs) != 1:
+        return None
+    m = nodes[j]
+    slot = operand_slot(m, n.dst)
+    if slot is None or m.dst.shape != n.dst.shape:
+        return None
+    return [i, j], n.srcs[0], m.srcs[1 - slot]
+
+
+#: head sizes the fused norm + rope kernel takes (a warp per head, kernels/norm.cu NORM_ROPE_MAXD)
+NORM_ROPE_MAX_HEAD = 256
+
+
+def fuse_norm_mul_rope(graph: Graph) -> tuple[Graph, list[str]]:
+    """``rms_norm(x) * w`` read only by ``ROPE`` (or ``ROPE_SET_ROWS``) of the same rows ->
+    ``RMS_NORM_MUL_ROPE`` (x, w, pos, freqs[, idx]) at the ROPE's position, writing its result (the
+    rotated rows, or the cache). ``w`` is one f32 weight per element of a row (ggml does not
+    broadcast it otherwise), x's rows are contiguous f32, at most ``NORM_ROPE_MAX_HEAD`` wide."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i in range(len(nodes)):
+        found = None if i in drop else norm_mul_of(nodes, index, outputs, i)
+        if found is None:
+            continue
+        absorbed, x, w = found
+        normed = nodes[absorbed[-1]].dst
+        j = sole_reader(nodes, index, outputs, absorbed[-1])
+        if j is None or j in replace or nodes[j].op not in ("ROPE", "ROPE_SET_ROWS") or len(nodes[j].outs) != 1:
+            continue
+        r = nodes[j]
+        hd = x.shape[-1] if x.shape else 0
+        if operand_slot(r, normed) != 0 or not same_elements(normed, r.srcs[0]) or r.srcs[0].shape[-1] != hd:
+            continue
+        if r.params.get("mode", "neox") != "neox" or x.dtype != "f32" or x.strides[-1] != x.itemsize:
+            continue
+        if not 0 < hd <= NORM_ROPE_MAX_HEAD or w.dtype != "f32" or w.numel != hd or not w.is_contiguous:
+            continue
+        srcs = (x, w, *r.srcs[1:])
+        if not stable_between(index, srcs, i, j) or not _writes_apart(r, srcs):
+            continue
+        norm = nodes[i]
+        # the rope's own inherited sources (pos, freqs of a ROPE_SET_ROWS) move one slot on
+        inherited = (0, 1, *(k + 1 for k in r.params.get("inherited", ()) if k > 0))
+        params = fused_params({**{k: v for k, v in r.params.items() if k not in ("fused", "inherited")},
+                               "eps": norm.params["eps"]}, [nodes[a] for a in absorbed], inherited)
+        replace[j] = Node(r.name, "RMS_NORM_MUL_ROPE", srcs, r.outs, params)
+        drop.update(absorbed)
+    return rebuild(graph, replace, drop)

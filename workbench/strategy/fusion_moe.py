@@ -1,4 +1,5 @@
-"""The top-k MoE routing fusion (``topk-moe``, llama.cpp's ``topk_moe_cuda``) as a pure rewrite.
+"""The MoE fusions of llama.cpp as pure rewrites: the top-k routing (``topk-moe``, llama.cpp's
+``topk_moe_cuda``) and the weighted sum of the experts' outputs (``moe-weighted-reduction``).
 
 The router's chain ``SOFT_MAX -> ARGSORT_TOP_K -> GET_ROWS [-> SUM_ROWS -> DIV]`` (Qwen3 MoE:
 probabilities over all experts, the chosen ones renormalised) or ``ARGSORT_TOP_K -> GET_ROWS ->
@@ -6,6 +7,10 @@ SOFT_MAX`` (gpt-oss: softmax over the k chosen logits) becomes one ``TOPK_MOE`` 
 router logits and writing the weights and the expert ids. Matched on ops and byte ranges: every
 intermediate is scratch read only inside the chain, and nothing reads the ids before the chain
 ends (the fused node writes them there).
+
+``moe-weighted-reduction``: ``MUL(experts [k, d], weights [k, 1])`` read only by the ``SUM_ROWS``
+of its transpose (the sum over the k experts) -> one ``MUL_SUM_ROWS`` (experts, weights) -> [1, d]
+(ggml's ``moe_weighted_reduction``, which takes 2 <= k <= ``MOE_WEIGHTED_REDUCTION_MAX_EXPERTS``).
 """
 
 from __future__ import annotations
@@ -81,4 +86,38 @@ def fuse_topk_moe(graph: Graph) -> tuple[Graph, list[str]]:
         replace[chain[-1]] = Node(end.name, "TOPK_MOE", (logits,), (end.dst, n.dst),
                                   fused_params(params, [nodes[k] for k in chain[:-1]], (0,)))
         drop.update(chain[:-1])
+    return rebuild(graph, replace, drop)
+
+
+#: experts llama.cpp's moe_weighted_reduction fuses at most (its MOE_WEIGHTED_REDUCTION_MAX_EXPERTS)
+MOE_WEIGHTED_REDUCTION_MAX_EXPERTS = 15
+
+
+def fuse_moe_weighted_reduction(graph: Graph) -> tuple[Graph, list[str]]:
+    """Each ``SUM_ROWS(MUL(experts, weights).T)`` -> ``MUL_SUM_ROWS`` (experts, weights) at the sum's
+    position, named after it: experts a contiguous f32 [k, d], weights one f32 per expert."""
+    nodes = graph.nodes
+    index = accesses_by_buffer(nodes)
+    outputs = output_buffers(graph)
+    replace: dict[int, Node] = {}
+    drop: set[int] = set()
+    for i, n in enumerate(nodes):
+        if n.op != "MUL" or len(n.outs) != 1 or len(n.dst.shape) != 2 or not n.dst.is_contiguous:
+            continue
+        k, d = n.dst.shape
+        srcs = sorted(n.srcs, key=lambda v: v.shape != n.dst.shape)  # (experts, weights)
+        e, w = srcs
+        if e.shape != (k, d) or w.numel != k or e.dtype != "f32" or w.dtype != "f32" or n.dst.dtype != "f32":
+            continue
+        if not 2 <= k <= MOE_WEIGHTED_REDUCTION_MAX_EXPERTS or not e.is_contiguous or not w.is_contiguous:
+            continue
+        j = sole_reader(nodes, index, outputs, i)
+        if j is None or j in replace or nodes[j].op != "SUM_ROWS" or nodes[j].srcs[0] != n.dst.permute(1, 0):
+            continue
+        r = nodes[j]
+        if r.dst.numel != d or not stable_between(index, (e, w), i, j) or any(o.overlaps(s) for o in r.outs
+                                                                             for s in (e, w)):
+            continue
+        replace[j] = Node(r.name, "MUL_SUM_ROWS", (e, w), r.outs, fused_params(dict(r.params), [n], (0, 1)))
+        drop.add(i)
     return rebuild(graph, replace, drop)

@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..graph import Graph, Node, View
 from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer, readers_of, touchers_between
-from .fusion_chains import _writes_apart, fused_params
+from .fusion_chains import _writes_apart, fused_params, norm_mul_of
 from .rewrite import operand_slot, output_buffers, rebuild, same_elements, sole_reader, stable_between
 
 #: elements of the activation row the fused mat-vecs stage in shared memory (kernels/fused_mat_vec.cu FMV_MAXK)
@@ -197,24 +197,6 @@ def fuse_qkv_rope_store(graph: Graph) -> tuple[Graph, list[str]]:
 # ---------------------------------------------------------------------------------------------
 # norm-mat-vec
 # ---------------------------------------------------------------------------------------------
-def _norm_of(nodes: list[Node], index: dict, outputs: set[str], i: int) -> tuple[list[int], View, View] | None:
-    """(absorbed nodes, x, norm weight) when node ``i`` starts ``rms_norm(x) * w`` (fused or not)."""
-    n = nodes[i]
-    if n.op == "RMS_NORM_MUL" and len(n.outs) == 1:
-        x, w = n.srcs
-        return [i], x, w
-    if n.op != "RMS_NORM" or len(n.outs) != 1:
-        return None
-    j = sole_reader(nodes, index, outputs, i)
-    if j is None or nodes[j].op != "MUL" or len(nodes[j].outs) != 1:
-        return None
-    m = nodes[j]
-    slot = operand_slot(m, n.dst)
-    if slot is None or m.dst.shape != n.dst.shape:
-        return None
-    return [i, j], n.srcs[0], m.srcs[1 - slot]
-
-
 def _folded(reader: Node, normed: View, x: View, w: View, eps: float, absorbed: list[Node]) -> Node | None:
     """``reader`` with the norm folded in, or None where it is no mat-vec reading ``normed``."""
     if reader.op not in NORM_FOLDED or len(reader.outs) not in (1, 3):
@@ -274,7 +256,7 @@ def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
     for i in range(len(nodes)):
         if i in drop:
             continue
-        found = _norm_of(nodes, index, outputs, i)
+        found = norm_mul_of(nodes, index, outputs, i)
         if found is None:
             continue
         absorbed, x, w = found

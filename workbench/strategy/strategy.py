@@ -19,7 +19,7 @@ PDL_TRIGGERS = ("start", "after-main-loop", "end", "none")  # llama.cpp's PDL ch
 #: that read it, and a layer's Q/K/V mat-vecs + RoPE + KV-cache stores in one kernel
 WORKBENCH_FUSIONS = ("norm-mat-vec", "qkv-rope-store")
 FUSIONS = ("copy-elim", "rms-norm-mul", "mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe",
-           *WORKBENCH_FUSIONS)
+           "rms-norm-mul-rope", "moe-weighted-reduction", *WORKBENCH_FUSIONS)
 ALLOCATORS = ("serial-reuse", "stream-aware", "no-reuse")  # PR #16991's buffer-lifetime discussion
 
 

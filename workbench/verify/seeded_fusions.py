@@ -86,6 +86,28 @@ def topk_moe_graph() -> Graph:
     return b.build()
 
 
+def rms_norm_mul_rope_graph() -> Graph:
+    """Qwen3's K head norm: rms_norm * w, rotated and stored into the cache."""
+    b, x, side = _start("rms-norm-mul-rope-bug")
+    pos, idx, freqs = _rope_inputs(b)
+    k = rms_norm(b, side.reshape((4, 16)), b.weight("k_norm", (16,), "f32"), 1e-6, "k_normed")
+    k = b.op("ROPE", "k_rope", [k, pos, freqs], (4, 16), n_rot=16)
+    b.node("SET_ROWS", "k_store", [k.reshape((1, D)), idx], [b.cache("cache_k", (4, D), "f16")])
+    b.output("logits", b.op("SCALE", "result_output", [x], (1, D), kind="output", s=1.0))
+    return b.build()
+
+
+def moe_weighted_reduction_graph() -> Graph:
+    """The experts' outputs [4, D] (``side``) weighted by the router and summed."""
+    b, x, side = _start("moe-weighted-reduction-bug")
+    w = b.op("SCALE", "router_w", [b.input("inp_w", (4, 1), "f32")], (4, 1), s=1.0)
+    experts = side.reshape((4, D // 4))
+    weighted = b.op("MUL", "ffn_moe_weighted", [experts, w], experts.shape)
+    out = b.op("SUM_ROWS", "ffn_moe_out", [weighted.permute(1, 0)], (1, D // 4))
+    b.output("logits", b.op("SCALE", "result_output", [out], (1, D // 4), kind="output", s=1.0))
+    return b.build()
+
+
 def norm_mat_vec_graph() -> Graph:
     b, x, side = _start("norm-mat-vec-bug")
     normed = rms_norm(b, side, b.weight("w_norm", (D,), "f32"), 1e-6, "proj_norm")
@@ -123,6 +145,8 @@ FUSION_GRAPHS: dict[str, tuple[Callable[[], Graph], str]] = {
     "rope-set-rows": (rope_set_rows_graph, "k_store"),
     "add-chain": (add_chain_graph, "sum_1"),
     "topk-moe": (topk_moe_graph, "weights"),
+    "rms-norm-mul-rope": (rms_norm_mul_rope_graph, "k_rope"),
+    "moe-weighted-reduction": (moe_weighted_reduction_graph, "ffn_moe_out"),
     "norm-mat-vec": (norm_mat_vec_graph, "proj"),
     "norm-mat-vec-q8_1": (norm_mat_vec_q8_1_graph, "proj_q8_1"),
     "qkv-rope-store": (qkv_rope_store_graph, "v_store"),

@@ -15,15 +15,11 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
   top-k / softmax routing apart (``UNFUSED_BY_MODEL``);
 * the ``inp_out_ids`` row selection llama.cpp's builders put in the last layer (``OUT_IDS_MODELS``):
   one GET_ROWS of the attention output, which also keeps that output's residual ADD apart;
-* fusions llama.cpp forms that have no op of their own here (every op in ``graph.ops.OPS`` has a
-  reference and a CUDA kernel of the workbench): RMS_NORM+MUL+ROPE(+SET_ROWS) of the Q/K norms
-  and the MoE MUL+SUM_ROWS are one kernel each, modelled as the op they extend reading the
-  absorbed node's operands too (``LLAMACPP_CHAINS``);
 * without fusion, the MoE expert sum is ``n_expert_used - 1`` ADDs of one expert's row each
   (``build_moe_ffn``), not one SUM_ROWS (``expert_sum_as_adds``), and the expert weights' sum
   is clamped before the DIV (``clamp_expert_weight_sum``);
 * under GGML_CUDA_GRAPH_OPT, Qwen3-Next's Q/K norms stay RMS_NORM and MUL, apart from the rope
-  (``split_norms_before_rope``);
+  (rms-norm-mul-rope undone, then ``split_norms_before_rope``);
 * Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
   REPEAT and merged projections (``llamacpp_gdn``).
 """
@@ -39,7 +35,7 @@ from ...models import ModelConfig, build_graph
 from ...strategy import FUSIONS, WORKBENCH_FUSIONS, Plan, Strategy, compile_plan
 from ...strategy.deps import accesses_by_buffer
 from ...strategy.fusion import PASSES
-from ...strategy.rewrite import output_buffers, sole_reader, stable_between, with_nodes
+from ...strategy.rewrite import output_buffers, sole_reader, with_nodes
 from ...strategy.steps import config_key
 from .llamacpp_gdn import GDN_MODELS, gdn_as_llamacpp
 
@@ -144,33 +140,6 @@ def clamp_expert_weight_sum(graph: Graph) -> Graph:
     return with_nodes(graph, nodes)
 
 
-def _norm_rope_srcs(norm: Node, rope: Node) -> tuple[View, ...]:
-    """The norm's input and weight, then the rope's positions, frequencies (and cache rows)."""
-    return (*norm.srcs, *rope.srcs[1:])
-
-
-def _mul_sum_rows_srcs(mul: Node, sum_rows: Node) -> tuple[View, ...]:
-    """The product's operands, the first laid out as the sum reads the product (its rows summed)."""
-    a, b = mul.srcs
-    return (a.permute(*range(len(a.shape))[::-1]) if sum_rows.srcs[0].strides != mul.dst.strides else a, b)
-
-
-#: llama.cpp's fused chains without an op of their own: (producer op, reader ops, the op the
-#: kernel is modelled as: "producer" or "reader", sources of the merged node); the producer
-#: must be read by that reader only
-LLAMACPP_CHAINS = (
-    ("RMS_NORM_MUL", ("ROPE", "ROPE_SET_ROWS"), "producer", _norm_rope_srcs),   # rms_norm + mul + rope (+ set_rows)
-    ("MUL", ("SUM_ROWS",), "reader", _mul_sum_rows_srcs),                        # MoE: weights x experts, summed
-)
-
-
-#: readers that write one row of a cache (its ``dst`` is the whole cache): merged into an op that
-#: counts its whole ``dst``, the node writes the cache's first row (a stand-in for the token's row,
-#: which the Plan, shared by the positions of one padded KV length, does not know; the attention
-#: reading the cache still orders after it)
-ROW_WRITERS = frozenset({"ROPE_SET_ROWS", "SET_ROWS"})
-
-
 #: HF ``model_type``s whose Q/K norm llama.cpp leaves as RMS_NORM and MUL, apart from the rope,
 #: under GGML_CUDA_GRAPH_OPT (``streams="qkv"`` under graphs): its reordering for the Q/K/V
 #: streams breaks the fusion's adjacency there (the qwen3-next captures; qwen3-30b's keep it)
@@ -196,33 +165,6 @@ def split_norms_before_rope(graph: Graph) -> Graph:
     return with_nodes(graph, out)
 
 
-def merge_chains(graph: Graph) -> tuple[Graph, list[str]]:
-    """``graph`` with each ``LLAMACPP_CHAINS`` pair as one node at the reader's position, writing
-    its result; the removed producers' names."""
-    removed: list[str] = []
-    for producer, readers, kept, srcs_of in LLAMACPP_CHAINS:
-        nodes = graph.nodes
-        index = accesses_by_buffer(nodes)
-        outputs = output_buffers(graph)
-        replace_at: dict[int, Node] = {}
-        drop: set[int] = set()
-        for i, n in enumerate(nodes):
-            if n.op != producer:
-                continue
-            j = sole_reader(nodes, index, outputs, i)
-            if j is None or nodes[j].op not in readers or j in replace_at or not stable_between(index, n.srcs, i, j):
-                continue
-            r = nodes[j]
-            base = n if kept == "producer" else r
-            fused = (*n.params.get("fused", ()), n.name, *r.params.get("fused", ()))
-            outs = (r.dst.slice(0, 0, 1),) if r.op in ROW_WRITERS else r.outs
-            replace_at[j] = Node(r.name, base.op, srcs_of(n, r), outs, {**base.params, "fused": fused})
-            drop.add(i)
-        graph = with_nodes(graph, [replace_at.get(k, n) for k, n in enumerate(nodes) if k not in drop])
-        removed.extend(nodes[k].name for k in sorted(drop))
-    return graph, removed
-
-
 def _unfuse(before: Graph, after: Graph, ops: frozenset[str]) -> tuple[Graph, set[str]]:
     """``after`` (one fusion pass over ``before``) with every fused node of ``ops`` put back as
     the nodes it absorbed and its own; the names put back."""
@@ -239,11 +181,13 @@ def _unfuse(before: Graph, after: Graph, ops: frozenset[str]) -> tuple[Graph, se
     return with_nodes(after, nodes), back
 
 
-def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig) -> tuple[Graph, list[str]]:
+def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig,
+                     also_apart: frozenset[str] = frozenset()) -> tuple[Graph, list[str]]:
     """The Strategy fusion passes of ``fusion`` (PASSES order) with the fused ops llama.cpp does
-    not form for ``cfg`` undone; the graph and the removed node names."""
+    not form for ``cfg`` (and ``also_apart``) undone; the graph and the removed node names."""
     mt = model_type(cfg)
-    keep_apart = (UNFUSED_OPS - FUSED_BY_MODEL.get(mt, frozenset())) | UNFUSED_BY_MODEL.get(mt, frozenset())
+    keep_apart = ((UNFUSED_OPS - FUSED_BY_MODEL.get(mt, frozenset())) | UNFUSED_BY_MODEL.get(mt, frozenset())
+                  | also_apart)
     removed: list[str] = []
     for name, fn in PASSES.items():
         if name in fusion:
@@ -265,12 +209,11 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
     graph = llamacpp_graph(cfg, n_kv)
     if not ran.fusion - {"copy-elim"}:
         graph = clamp_expert_weight_sum(expert_sum_as_adds(graph))
-    graph, removed = llamacpp_fusions(graph, ran.fusion, cfg)
-    if ran.fusion - {"copy-elim"}:
-        if ran.graphs and ran.streams == "qkv" and model_type(cfg) in NORM_APART_UNDER_GRAPH_OPT:
-            graph = split_norms_before_rope(graph)
-        graph, merged = merge_chains(graph)
-        removed += merged
+    norms_apart = ran.graphs and ran.streams == "qkv" and model_type(cfg) in NORM_APART_UNDER_GRAPH_OPT
+    graph, removed = llamacpp_fusions(graph, ran.fusion, cfg,
+                                      frozenset({"RMS_NORM_MUL_ROPE"}) if norms_apart else frozenset())
+    if norms_apart and ran.fusion - {"copy-elim"}:
+        graph = split_norms_before_rope(graph)
     if model_type(cfg) in GDN_MODELS:
         graph = gdn_as_llamacpp(graph, fused=bool(ran.fusion - {"copy-elim"}))
     plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
