@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from ..graph import Graph, Node
 from .deps import accesses_by_buffer, readers_of
-from .fusion_chains import fused_params
+from .fusion_chains import _fuse_into_reader, fused_params
 from .rewrite import last_writer, operand_slot, output_buffers, rebuild, same_elements, sole_reader, stable_between
 
 
@@ -95,29 +95,18 @@ MOE_WEIGHTED_REDUCTION_MAX_EXPERTS = 15
 
 def fuse_moe_weighted_reduction(graph: Graph) -> tuple[Graph, list[str]]:
     """Each ``SUM_ROWS(MUL(experts, weights).T)`` -> ``MUL_SUM_ROWS`` (experts, weights) at the sum's
-    position, named after it: experts a contiguous f32 [k, d], weights one f32 per expert."""
-    nodes = graph.nodes
-    index = accesses_by_buffer(nodes)
-    outputs = output_buffers(graph)
-    replace: dict[int, Node] = {}
-    drop: set[int] = set()
-    for i, n in enumerate(nodes):
-        if n.op != "MUL" or len(n.outs) != 1 or len(n.dst.shape) != 2 or not n.dst.is_contiguous:
-            continue
+    position, named after it: experts a contiguous f32 [k, d], weights one contiguous f32 per expert."""
+
+    def operands(n: Node, r: Node) -> tuple | None:
+        if len(n.dst.shape) != 2 or not n.dst.is_contiguous or n.dst.dtype != "f32":
+            return None
         k, d = n.dst.shape
-        srcs = sorted(n.srcs, key=lambda v: v.shape != n.dst.shape)  # (experts, weights)
-        e, w = srcs
-        if e.shape != (k, d) or w.numel != k or e.dtype != "f32" or w.dtype != "f32" or n.dst.dtype != "f32":
-            continue
+        e, w = sorted(n.srcs, key=lambda v: v.shape != n.dst.shape)  # (experts, weights)
+        if e.shape != (k, d) or w.numel != k or e.dtype != "f32" or w.dtype != "f32":
+            return None
         if not 2 <= k <= MOE_WEIGHTED_REDUCTION_MAX_EXPERTS or not e.is_contiguous or not w.is_contiguous:
-            continue
-        j = sole_reader(nodes, index, outputs, i)
-        if j is None or j in replace or nodes[j].op != "SUM_ROWS" or nodes[j].srcs[0] != n.dst.permute(1, 0):
-            continue
-        r = nodes[j]
-        if r.dst.numel != d or not stable_between(index, (e, w), i, j) or any(o.overlaps(s) for o in r.outs
-                                                                             for s in (e, w)):
-            continue
-        replace[j] = Node(r.name, "MUL_SUM_ROWS", (e, w), r.outs, fused_params(dict(r.params), [n], (0, 1)))
-        drop.add(i)
-    return rebuild(graph, replace, drop)
+            return None
+        return (e, w) if r.srcs[0] == n.dst.permute(1, 0) and r.dst.numel == d else None
+
+    return _fuse_into_reader(graph, lambda n: n.op == "MUL" and len(n.outs) == 1 and len(n.srcs) == 2,
+                             "SUM_ROWS", "MUL_SUM_ROWS", operands, (0, 1))
