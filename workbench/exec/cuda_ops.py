@@ -338,8 +338,8 @@ def _rms_norm_mul_rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         out, ia = arg(d, addr, *like(d, x.shape, node.name)), arg(pos, addr)
     args = (out, arg(x, addr), arg(w, addr, (hd,), (w.strides[-1],)), arg(pos, addr), arg(freqs, addr), ia,
             f32(node.params["eps"]), i32(node.params["n_rot"]), f32(node.params.get("attn_factor", 1.0)), i32(store))
-    return KernelCall("norm", "k_rms_norm_mul_rope", (ceil(rows / NORM_ROPE_WARPS),), (32 * NORM_ROPE_WARPS,), args,
-                      None, node.outs)
+    return KernelCall("norm", "k_rms_norm_mul_rope" if hd <= 128 else "k_rms_norm_mul_rope_256",
+                      (ceil(rows / NORM_ROPE_WARPS),), (32 * NORM_ROPE_WARPS,), args, None, node.outs)
 
 
 def _mul_sum_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
