@@ -15,9 +15,10 @@ fewer kernels; the CUPTI captures (``kernel_counts``) show llama.cpp's per GDN l
   it, each of those ops alone;
 
 and per attention layer the output gate made contiguous (CPY) before its sigmoid x MUL (one GLU
-kernel with fusion). The MoE's merged ``gate_up_exps`` is one MUL_MAT_ID (with fusion: with its
-GLU, ``MUL_MAT_ID_GLU``). Nodes without an op of the workbench stand in as the op of their
-family that moves the same bytes (CONCAT / REPEAT as CPY), named by ``params['ggml_op']``.
+kernel with fusion). The MoE's gate and up stay two MUL_MAT_IDs without fusion (the H100's
+``no_fusion`` capture: three expert mat-vecs per layer) and one ``MUL_MAT_ID_GLU`` with it.
+Nodes without an op of the workbench stand in as the op of their family that moves the same
+bytes (CONCAT / REPEAT as CPY), named by ``params['ggml_op']``.
 The rewrite works on a copy of the graph for the llama.cpp schedule only.
 """
 
@@ -171,15 +172,6 @@ def gdn_as_llamacpp(graph: Graph, fused: bool) -> Graph:
             sig = by[f"gate_sigmoid-{il}"].dst
             attn = next(s for s in n.srcs if s != sig)
             emit(Node(n.name, "GLU", (gates.pop(n.name), attn), n.outs))
-            continue
-        if stem == "ffn_moe_up" and n.op == "MUL_MAT_ID":  # merged gate_up_exps: one mat-vec
-            gate = by[f"ffn_moe_gate-{il}"]
-            w = n.srcs[0]
-            merged = View.of(w.buffer, (w.shape[0], 2 * w.shape[1], w.shape[2]), w.dtype,
-                             min(w.offset, gate.srcs[0].offset))
-            emit(Node(f"ffn_moe_gate_up-{il}", "MUL_MAT_ID", (merged, *n.srcs[1:]), (gate.dst, n.dst), n.params))
-            continue
-        if stem == "ffn_moe_gate" and n.op == "MUL_MAT_ID":
             continue
         emit(n)
     return replace(with_nodes(graph, out), consts={**graph.consts, STATE_IDS: ids})
