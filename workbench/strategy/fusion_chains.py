@@ -234,7 +234,6 @@ def fuse_add_chain(graph: Graph) -> tuple[Graph, list[str]]:
     return rebuild(graph, replace, drop)
 
 
-
 def norm_mul_of(nodes: list[Node], index: dict, outputs: set[str], i: int) -> tuple[list[int], View, View] | None:
     """(absorbed nodes, x, norm weight) when node ``i`` starts ``rms_norm(x) * w`` (fused or not)."""
     n = nodes[i]
@@ -260,8 +259,8 @@ NORM_ROPE_MAX_HEAD = 256
 def fuse_norm_mul_rope(graph: Graph) -> tuple[Graph, list[str]]:
     """``rms_norm(x) * w`` read only by ``ROPE`` (or ``ROPE_SET_ROWS``) of the same rows ->
     ``RMS_NORM_MUL_ROPE`` (x, w, pos, freqs[, idx]) at the ROPE's position, writing its result (the
-    rotated rows, or the cache). ``w`` is one f32 weight per element of a row (ggml does not
-    broadcast it otherwise), x's rows are contiguous f32, at most ``NORM_ROPE_MAX_HEAD`` wide."""
+    rotated rows, or the cache). ``w`` is one f32 weight per element of a row (the kernel reads
+    it so), x's rows are contiguous f32, at most ``NORM_ROPE_MAX_HEAD`` wide."""
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
     outputs = output_buffers(graph)
