@@ -9,6 +9,10 @@
 // * PDL hooks: PDL_WAIT(where) / PDL_TRIGGER(where) mark every candidate position in a kernel;
 //   the compile-time defines PDL_WAIT_AT / PDL_TRIGGER_AT (one module per placement) keep
 //   exactly one of each, so the position follows the Plan's placement.
+// * Code size: a kernel that few warps run once fetches each of its instructions cold, so its
+//   time grows with the code it walks. Unrolled loops over unused slots and inlined libm calls
+//   per element made k_rms_norm_mul_rope 92 KB and 9.4 us; sized to the head with a rolled
+//   rotation loop, 19.6 KB and 4.9 us (data/bench/fusion_kernels_h100.md).
 #pragma once
 
 typedef unsigned short u16;
