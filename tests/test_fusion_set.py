@@ -314,3 +314,10 @@ def test_rms_norm_mul_add_fuses_the_post_norm_residual():
         assert verify(compile_plan(g, s)).race_free
     call = cuda_ops.bind(node, lambda v: v.offset, lambda key, size: 0)
     assert call.name == "k_rms_norm_mul_add" and call.numba[0] == "rms_norm_mul_add"
+
+
+def test_norm_rope_kernels_cover_the_heads_the_pass_takes():
+    """The binder's largest norm + rope kernel takes every head size the pass fuses."""
+    from workbench.strategy.fusion_chains import NORM_ROPE_MAX_HEAD
+
+    assert cuda_ops.NORM_ROPE_KERNELS[-1][0] == NORM_ROPE_MAX_HEAD
