@@ -83,99 +83,72 @@ extern "C" __global__ void k_norm_gated(TV d, TV x, TV w, TV z, float eps) {
 // RMS_NORM_MUL_ROPE (rms-norm-mul-rope, ggml's rms_norm_mul_rope_f32): each row (a head of
 // Qwen3's Q or K) normalised, times w, rotated as k_rope rotates (NeoX halves of the first n_rot
 // elements), written aligned to x's shape or, when `store`, into cache row idx[i / R] as
-// k_rope_set_rows stores (R = one cache row's elements, cache rows_first). A warp per row, no
-// block barrier: the lane's elements (j = lane + 32 u, PER of them) in registers, sum(x^2) by
-// shuffles, the normed row and each element's frequency through the warp's shared slice, then one
-// rolled loop rotates and stores. Code size is the cost that matters for a kernel a few warps run
-// once: every instruction is fetched cold, and the first version (8 slots, the rotation unrolled
-// with its sinf / cosf) was 92 KB of code and took 7.6 us per launch on an H100, against 2.1-2.6 us
-// for llama.cpp's (data/bench/fusion_kernels_h100.md). The float32 steps are k_rms_norm_mul's
-// and k_rope's, in their order.
-#define NORM_ROPE_WARPS 4
-#define NORM_ROPE_MAXD 256
-template <int PER>
-__device__ __forceinline__ void norm_rope_rows(TV d, TV x, TV w, TV pos, TV freqs, TV idx, float eps, int n_rot,
+// k_rope_set_rows stores (R = one cache row's elements, cache rows_first). As llama.cpp's: a block
+// per row and a thread per rotated pair (t, t + n_rot / 2), or per pair of the unrotated tail
+// (2 t', 2 t' + 1 after n_rot), so no thread runs a loop: blockDim = hd / 2 rounded up to a warp.
+// The earlier warp-per-row kernel (each lane rotating 4 elements in turn) took 4.8 us per launch
+// on an H100 against llama.cpp's 2.2-2.3 us (data/bench/fusion_kernels_h100.md); its first version
+// (the rotation unrolled) was 92 KB of code, which a kernel that a few warps run once fetches
+// cold. The float32 steps are k_rms_norm_mul's and k_rope's, in their order.
+extern "C" __global__ void k_rms_norm_mul_rope(TV d, TV x, TV w, TV pos, TV freqs, TV idx, float eps, int n_rot,
                                                float attn_factor, int store) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
-    __shared__ float normed[NORM_ROPE_WARPS][NORM_ROPE_MAXD];
-    __shared__ float inv[NORM_ROPE_WARPS][NORM_ROPE_MAXD];
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int r = blockIdx.x * NORM_ROPE_WARPS + warp, hd = x.n[3], half = n_rot / 2;
-    const bool live = r < tv_rows(x);
-    const char* xr = x.p + (live ? tv_row_off(x, x.n, r) : 0);
-    // plain f32 loads (the binder checks the dtypes), each group in flight at once
+    const int r = blockIdx.x, t = threadIdx.x, hd = x.n[3], half = n_rot / 2;
+    const bool live = 2 * t < hd, rot = t < half;
+    const int e0 = rot ? t : n_rot + 2 * (t - half), e1 = rot ? t + half : e0 + 1;
+    const char* xr = x.p + tv_row_off(x, x.n, r);
+    // constants first (plain f32 loads: the binder checks the dtypes)
     const float* wf = (const float*)w.p;
-    const float* ff = (const float*)freqs.p;
-    const int ws = (int)(w.s[3] / 4), fs = (int)(freqs.s[3] / 4), xs = (int)(x.s[3] / 4);
-    float wv[PER], xv[PER];
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {  // constants
-        const int j = lane + 32 * u;
-        wv[u] = j < hd ? wf[j * ws] : 0.0f;
-        if (j < hd) inv[warp][j] = j < n_rot ? ff[(j < half ? j : j - half) * fs] : 0.0f;
-    }
-    const float* xf = (const float*)xr;
+    const int ws = (int)(w.s[3] / 4), xs = (int)(x.s[3] / 4);
+    const float w0 = live ? wf[e0 * ws] : 0.0f, w1 = live ? wf[e1 * ws] : 0.0f;
+    const float inv = live && rot ? ((const float*)freqs.p)[t * (int)(freqs.s[3] / 4)] : 0.0f;
     PDL_WAIT(first_read);
-    xv[0] = live && lane < hd ? ldf_v(xr + (i64)lane * x.s[3], x.dt) : 0.0f;
+    const float x0 = live ? ldf_v(xr + (i64)e0 * x.s[3], x.dt) : 0.0f;
     PDL_WAIT(late);
-#pragma unroll
-    for (int u = 1; u < PER; ++u) xv[u] = live && lane + 32 * u < hd ? xf[(lane + 32 * u) * xs] : 0.0f;
-    float ss = 0.0f;
-#pragma unroll
-    for (int u = 0; u < PER; ++u) ss += xv[u] * xv[u];
+    const float x1 = live ? ((const float*)xr)[e1 * xs] : 0.0f;
     const float p = (float)ldi(pos.p, pos.dt);
-    // a token's rows fill one cache row (idx of one element): its index read once
     const bool one_row = tv_numel(idx) == 1;
     const i64 row0 = store && one_row ? ldi(idx.p, idx.dt) * d.s[0] : 0;
-    ss = warp_sum(ss);
     PDL_TRIGGER(after_main_loop);
-    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
-#pragma unroll
-    for (int u = 0; u < PER; ++u) {
-        float v = xv[u] * scale;
-        v *= wv[u];
-        if (lane + 32 * u < hd) normed[warp][lane + 32 * u] = v;
-    }
-    __syncwarp();
+    const float ss = block_sum(x0 * x0 + x1 * x1);
     if (!live) return;
-    const int R = store ? d.n[1] * d.n[2] * d.n[3] : 1;
-    const int cshape[4] = {1, d.n[1], d.n[2], d.n[3]};
-    char* drow = store ? d.p : d.p + tv_row_off(d, x.n, r);
-#pragma unroll 1
-    for (int j = lane; j < hd; j += 32) {
-        const float v = normed[warp][j];
-        float out = v;
-        if (j < n_rot) {
-            float sn, c;
-            sincosf(p * inv[warp][j], &sn, &c);
-            c *= attn_factor;
-            sn *= attn_factor;
-            out = j < half ? v * c - normed[warp][j + half] * sn : v * c + normed[warp][j - half] * sn;
-        }
-        char* q;
-        if (store) {
-            const int i = r * hd + j;  // the multi-row index is read here, after the trigger: it is an input
-            const i64 row = one_row ? row0 : ldi(idx.p + tv_off(idx, idx.n, i / R), idx.dt) * d.s[0];
-            q = d.p + row + tv_off(d, cshape, i % R);
-        } else {
-            q = drow + (i64)j * d.s[3];
-        }
-        if (d.dt == DT_F16) *(u16*)q = f2h(out);
-        else if (d.dt == DT_BF16) *(u16*)q = f2bf(out);
-        else *(float*)q = out;
+    const float scale = 1.0f / sqrtf(ss / (float)hd + eps);
+    float v0 = x0 * scale, v1 = x1 * scale;
+    v0 *= w0;
+    v1 *= w1;
+    if (rot) {
+        float sn, c;
+        sincosf(p * inv, &sn, &c);
+        c *= attn_factor;
+        sn *= attn_factor;
+        const float o0 = v0 * c - v1 * sn, o1 = v1 * c + v0 * sn;
+        v0 = o0;
+        v1 = o1;
+    }
+    char *q0, *q1;
+    if (store) {
+        const int R = d.n[1] * d.n[2] * d.n[3], i0 = r * hd + e0, i1 = r * hd + e1;
+        const int cshape[4] = {1, d.n[1], d.n[2], d.n[3]};
+        // the multi-row index is read here, after the trigger: it is an input
+        q0 = d.p + (one_row ? row0 : ldi(idx.p + tv_off(idx, idx.n, i0 / R), idx.dt) * d.s[0]) + tv_off(d, cshape, i0 % R);
+        q1 = d.p + (one_row ? row0 : ldi(idx.p + tv_off(idx, idx.n, i1 / R), idx.dt) * d.s[0]) + tv_off(d, cshape, i1 % R);
+    } else {
+        char* drow = d.p + tv_row_off(d, x.n, r);
+        q0 = drow + (i64)e0 * d.s[3];
+        q1 = drow + (i64)e1 * d.s[3];
+    }
+    if (d.dt == DT_F16) {
+        *(u16*)q0 = f2h(v0);
+        *(u16*)q1 = f2h(v1);
+    } else if (d.dt == DT_BF16) {
+        *(u16*)q0 = f2bf(v0);
+        *(u16*)q1 = f2bf(v1);
+    } else {
+        *(float*)q0 = v0;
+        *(float*)q1 = v1;
     }
     PDL_TRIGGER(end);
-}
-
-#define NORM_ROPE_ARGS TV d, TV x, TV w, TV pos, TV freqs, TV idx, float eps, int n_rot, float attn_factor, int store
-#define NORM_ROPE_PASS d, x, w, pos, freqs, idx, eps, n_rot, attn_factor, store
-// rows of at most 128 elements (every Qwen3 head) and of at most 256 (Qwen3-Next's)
-extern "C" __global__ void __launch_bounds__(32 * NORM_ROPE_WARPS) k_rms_norm_mul_rope(NORM_ROPE_ARGS) {
-    norm_rope_rows<4>(NORM_ROPE_PASS);
-}
-extern "C" __global__ void __launch_bounds__(32 * NORM_ROPE_WARPS) k_rms_norm_mul_rope_256(NORM_ROPE_ARGS) {
-    norm_rope_rows<8>(NORM_ROPE_PASS);
 }
 
 // SOFT_MAX over the last axis: exp(x - max) / sum. d: rows aligned to x's shape.

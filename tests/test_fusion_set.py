@@ -18,6 +18,7 @@ from workbench.exec import cuda_ops
 from workbench.exec.calibration import load_calibration
 from workbench.exec.cost import FUSED_BASE, KERNEL_NAMES, WORKBENCH_ONLY_KERNELS, kernel_cost
 from workbench.exec.reference import run_reference
+from workbench.graph import GraphBuilder
 from workbench.graph.ops import OPS
 from workbench.models import TINY_PRESETS, build_graph, preset
 from workbench.models.weights import random_weights
@@ -259,7 +260,6 @@ def test_numba_add_chain_matches_reference():
 def test_race_on_a_fused_nodes_own_operand_is_a_missing_event():
     """Only a source the fused node inherited from a node it absorbed makes a race the fusion's:
     the ADD's own operand (the residual) racing is a plain missing event, as it was unfused."""
-    from workbench.graph import GraphBuilder
     from workbench.verify.seeded import hand_plan
 
     b = GraphBuilder("own-operand")
@@ -278,7 +278,6 @@ def test_race_on_a_fused_nodes_own_operand_is_a_missing_event():
 def post_norm_graph():
     """A post-norm residual (Gemma's ``post_attention_norm``): ``l_out = res + rms_norm(h) * w``,
     the pattern of llama.cpp's rms_norm + mul + add (no preset family has it)."""
-    from workbench.graph import GraphBuilder
     from workbench.models.blocks import rms_norm
 
     b = GraphBuilder("post-norm")
@@ -316,8 +315,24 @@ def test_rms_norm_mul_add_fuses_the_post_norm_residual():
     assert call.name == "k_rms_norm_mul_add" and call.numba[0] == "rms_norm_mul_add"
 
 
-def test_norm_rope_kernels_cover_the_heads_the_pass_takes():
-    """The binder's largest norm + rope kernel takes every head size the pass fuses."""
-    from workbench.strategy.fusion_chains import NORM_ROPE_MAX_HEAD
+def test_norm_rope_kernel_takes_every_head_the_pass_fuses():
+    """The pass fuses even heads up to NORM_ROPE_MAX_HEAD; the binder gives each a block of a
+    thread per element pair (rounded up to a warp) and no larger than 128 threads."""
+    from workbench.models.blocks import rms_norm
+    from workbench.strategy.fusion_chains import NORM_ROPE_MAX_HEAD, fuse_norm_mul_rope
 
-    assert cuda_ops.NORM_ROPE_KERNELS[-1][0] == NORM_ROPE_MAX_HEAD
+    for hd, n_rot, fused in ((NORM_ROPE_MAX_HEAD, 64, True), (96, 96, True), (NORM_ROPE_MAX_HEAD + 2, 64, False),
+                             (6, 3, False)):
+        b = GraphBuilder("norm-rope")
+        x = b.input("x", (1, 4 * hd), "f32").reshape((4, hd))
+        pos = b.input("inp_pos", (1,), "i32")
+        freqs = b.const("rope_freqs", (n_rot // 2,), "f32")
+        normed = rms_norm(b, x, b.weight("w_norm", (hd,), "f32"), 1e-6, "q_normed")
+        r = b.op("ROPE", "q_rope", [normed, pos, freqs], (4, hd), n_rot=n_rot, attn_factor=1.0)
+        b.output("logits", b.op("SCALE", "result_output", [r], (4, hd), kind="output", s=1.0))
+        graph, removed = fuse_norm_mul_rope(b.build())
+        assert bool(removed) == fused, (hd, n_rot)
+        if fused:
+            call = cuda_ops.bind(graph.node("q_rope"), lambda v: v.offset, lambda key, size: 0)
+            assert call.name == "k_rms_norm_mul_rope" and call.grid == (4,)
+            assert 2 * call.block[0] >= hd and call.block[0] % 32 == 0 and call.block[0] <= 128

@@ -24,14 +24,16 @@ written:
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 import numpy as np
 
-from ..graph import View
+from ..graph import DTYPES, View
 from ..models import ModelConfig, build_graph
-from ..models.blocks import step_input_values
+from ..models.blocks import step_input_names, write_step_inputs
 from ..models.weights import device_weight, model_weights, to_storage
 from ..strategy import HostOp, Plan, Strategy
 from ..strategy.host import kernel_launches
@@ -51,13 +53,19 @@ H2D, D2H = 1, 2
 @dataclass
 class _Bound:
     """A Plan made runnable: one prepared launch per Plan launch, the kernel calls (for traces
-    and tests), and the captured CUDA graph once there is one."""
+    and tests), the captured CUDA graph once there is one, and the host program prepared: each
+    HostOp as a call with its pointers resolved, the step inputs as typed views of the staging
+    memory their copies read, and the logits' staging. A token then costs the host what its
+    API calls cost (llama.cpp's ``llama_decode`` is C++), not a lookup per op."""
 
     plan: Plan
     handles: list[Any]
     calls: list[KernelCall]
     graph: Any = None
     arena_ptr: int = 0
+    host: list[tuple[HostOp, Callable[[], Any]]] = field(default_factory=list)
+    inputs: dict[str, np.ndarray] = field(default_factory=dict)
+    logits: np.ndarray | None = None
 
 
 @dataclass
@@ -113,6 +121,8 @@ class CudaExecutor:
         self._events: list[Any] = []
         self.times = StepTimes()
         self.captures = 0
+        #: None, or ``hook(bound, op, call)`` that runs each host op's ``call`` (calibration times them)
+        self.host_op_hook: Callable[[_Bound, HostOp, Callable[[], Any]], None] | None = None
         if share is not None:
             def key(c: ModelConfig) -> tuple:
                 return c.name, c.context, c.swa_full, c.n_ubatch  # cache shapes follow these too
@@ -254,8 +264,22 @@ class CudaExecutor:
             calls.append(call)
             handles.append(self._handle(plan, la, call))
         b = self._plans[n_kv] = _Bound(plan, handles, calls, None, arena)
+        b.host = [(op, self._host_fn(b, op)) for op in plan.host_program]
+        b.inputs = {name: self._staged(plan, name, "memcpy_h2d") for name in step_input_names(plan.graph)}
+        b.logits = self._staged(plan, "logits", "memcpy_d2h").reshape(-1)
         self.cp.cuda.runtime.deviceSynchronize()
         return b
+
+    def _staged(self, plan: Plan, name: str, kind: str) -> np.ndarray:
+        """A typed view of the staging memory the Plan's copy of tensor ``name`` reads or writes:
+        pageable for a blocking or pageable copy, else pinned (the pinned buffer when no copy
+        moves it)."""
+        graph = plan.graph
+        view = graph.inputs[name] if kind == "memcpy_h2d" else graph.outputs[name]
+        op = next((op for op in plan.host_program if op.kind == kind and op.tensor == name), None)
+        st = self._staging[name]
+        host = st.pageable if op is not None and (op.blocking or op.host_buffer == "pageable") else st.pinned
+        return host[: view.nbytes].view(DTYPES[view.dtype][1]).reshape(view.shape)
 
     def _addr_fn(self, plan: Plan, arena: int):
         arena_name = plan.allocation.arena
@@ -322,59 +346,53 @@ class CudaExecutor:
         llama-bench times). The copy out of that buffer into a fresh array (a vocabulary's
         float32 logits, with its page faults) is the caller's, not the step's."""
         b = self.prepare(pos)
+        hook = self.host_op_hook
         t0 = time.perf_counter_ns()
-        values = step_input_values(b.plan.graph, int(token), pos)
-        for name, value in values.items():
-            st = self._staging[name]
-            raw = np.ascontiguousarray(value).view(np.uint8).reshape(-1)
-            st.pinned[: raw.size] = raw
-            st.pageable[: raw.size] = raw
-        for op in b.plan.host_program:
-            self._host_op(b, op)
+        write_step_inputs(b.plan.graph, int(token), pos, b.inputs)
+        if hook is None:
+            for _, fn in b.host:
+                fn()
+        else:
+            for op, fn in b.host:
+                hook(b, op, fn)
         t1 = time.perf_counter_ns()
         self.times.start_ns.append(t0)
         self.times.end_ns.append(t1)
-        return self._logits(b)
+        return b.logits.copy()  # the caller's: the staging is rewritten by the next token
 
-    def _host_op(self, b: _Bound, op: HostOp) -> None:
+    def _host_fn(self, b: _Bound, op: HostOp) -> Callable[[], Any]:
+        """HostOp ``op`` of bound Plan ``b`` as a call with its streams, events and pointers
+        resolved once (the graph is looked up per call: it is captured after binding)."""
         k = op.kind
-        if k in ("launch", "event_record", "stream_wait_event"):
-            self._device_op(b, op)
-        elif k == "stream_sync":
-            self._stream(op.stream).synchronize()
-        elif k == "graph_launch":
-            b.graph.launch(self._stream(op.stream))
-        elif k in ("memcpy_h2d", "memcpy_d2h"):
+        if k == "launch":
+            return b.handles[op.launch]
+        if k == "event_record":
+            return partial(self._event(op.event).record, self._stream(op.stream))
+        if k == "stream_wait_event":
+            return partial(self._stream(op.stream).wait_event, self._event(op.event))
+        if k == "stream_sync":
+            return self._stream(op.stream).synchronize
+        if k == "graph_launch":
+            stream = self._stream(op.stream)
+            return lambda: b.graph.launch(stream)
+        if k in ("memcpy_h2d", "memcpy_d2h"):
             graph = b.plan.graph
             view = graph.inputs[op.tensor] if k == "memcpy_h2d" else graph.outputs[op.tensor]
             st = self._staging[op.tensor]
-            host = st.pageable if op.host_buffer == "pageable" or op.blocking else st.pinned
+            host = int((st.pageable if op.host_buffer == "pageable" or op.blocking else st.pinned).ctypes.data)
             dev = self.persistent[view.buffer.name] + view.offset
-            n = view.nbytes
-            src, dst, kind = (host.ctypes.data, dev, H2D) if k == "memcpy_h2d" else (dev, host.ctypes.data, D2H)
+            src, dst, kind = (host, dev, H2D) if k == "memcpy_h2d" else (dev, host, D2H)
+            rt = self.cp.cuda.runtime
             if op.blocking:
-                self.cp.cuda.runtime.memcpy(dst, src, n, kind)
-            else:
-                self.cp.cuda.runtime.memcpyAsync(dst, src, n, kind, self._stream(op.stream).ptr)
-        else:
-            raise CudaBackendError(f"host op {k!r} is not known to the cuda executor")
+                return partial(rt.memcpy, dst, src, view.nbytes, kind)
+            return partial(rt.memcpyAsync, dst, src, view.nbytes, kind, self._stream(op.stream).ptr)
+        raise CudaBackendError(f"host op {k!r} is not known to the cuda executor")
 
     def _device_op(self, b: _Bound, op: HostOp) -> None:
-        if op.kind == "launch":
-            b.handles[op.launch]()
-        elif op.kind == "event_record":
-            self._event(op.event).record(self._stream(op.stream))
-        elif op.kind == "stream_wait_event":
-            self._stream(op.stream).wait_event(self._event(op.event))
-        else:
+        """A launch or a fork/join event op, run now (a graph capture records these)."""
+        if op.kind not in ("launch", "event_record", "stream_wait_event"):
             raise CudaBackendError(f"{op.kind} cannot be captured")
-
-    def _logits(self, b: _Bound) -> np.ndarray:
-        view = b.plan.graph.outputs["logits"]
-        d2h = [op for op in b.plan.host_program if op.kind == "memcpy_d2h" and op.tensor == "logits"]
-        st = self._staging["logits"]
-        host = st.pageable if d2h and (d2h[0].blocking or d2h[0].host_buffer == "pageable") else st.pinned
-        return host[: view.nbytes].view(np.float32).copy()
+        self._host_fn(b, op)()
 
     # -- state ---------------------------------------------------------------------------------
     def snapshot(self) -> dict[str, Any]:

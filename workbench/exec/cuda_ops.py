@@ -311,27 +311,22 @@ def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 
 #: (router logits at most, kernel): the register kernels (kernels/topk.cu, 32 lanes x 4 or 16 slots)
 TOPK_REG_KERNELS = ((128, "k_topk_moe"), (512, "k_topk_moe_512"))
-#: rows one k_rms_norm_mul_rope block takes (kernels/norm.cu NORM_ROPE_WARPS, a warp per row)
-NORM_ROPE_WARPS = 4
-#: (row length at most, kernel): the norm + rope kernels (kernels/norm.cu, 32 lanes x 4 or 8 slots);
-#: the last bound is the pass's NORM_ROPE_MAX_HEAD
-NORM_ROPE_KERNELS = ((128, "k_rms_norm_mul_rope"), (256, "k_rms_norm_mul_rope_256"))
 
 
 def _rms_norm_mul_rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
-    """RMS_NORM_MUL_ROPE (rms-norm-mul-rope): a warp per row normalises, scales and rotates it,
-    writing the rows aligned to x's shape, or (with the row index, source 4) into the cache as
-    k_rope_set_rows stores."""
+    """RMS_NORM_MUL_ROPE (rms-norm-mul-rope): a block per row, a thread per pair of its elements,
+    normalises, scales and rotates it, writing the rows aligned to x's shape, or (with the row
+    index, source 4) into the cache as k_rope_set_rows stores."""
     from ..strategy.fusion_chains import NORM_ROPE_MAX_HEAD
 
     x, w, pos, freqs = node.srcs[:4]
     d = node.dst
     hd = x.shape[-1]
-    if {x.dtype, w.dtype, freqs.dtype} != {"f32"} or x.strides[-1] != 4 or hd > NORM_ROPE_MAX_HEAD or \
-            d.dtype not in ("f32", "f16", "bf16"):
-        raise BindError(f"{node.name}: k_rms_norm_mul_rope takes f32 rows of at most {NORM_ROPE_MAX_HEAD} contiguous "
-                        f"elements, an f32 weight and f32 frequencies into f32 / f16 / bf16, got {x.describe()}, "
-                        f"{w.describe()}, {freqs.describe()} -> {d.describe()}")
+    if {x.dtype, w.dtype, freqs.dtype} != {"f32"} or x.strides[-1] != 4 or hd > NORM_ROPE_MAX_HEAD or hd % 2 or \
+            node.params["n_rot"] % 2 or d.dtype not in ("f32", "f16", "bf16"):
+        raise BindError(f"{node.name}: k_rms_norm_mul_rope takes f32 rows of an even length up to "
+                        f"{NORM_ROPE_MAX_HEAD}, contiguous, an even n_rot, an f32 weight and f32 frequencies into "
+                        f"f32 / f16 / bf16, got {x.describe()}, {w.describe()}, {freqs.describe()} -> {d.describe()}")
     rows = x.numel // hd
     store = len(node.srcs) == 5
     if store:
@@ -343,8 +338,7 @@ def _rms_norm_mul_rope(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         out, ia = arg(d, addr, *like(d, x.shape, node.name)), arg(pos, addr)
     args = (out, arg(x, addr), arg(w, addr, (hd,), (w.strides[-1],)), arg(pos, addr), arg(freqs, addr), ia,
             f32(node.params["eps"]), i32(node.params["n_rot"]), f32(node.params.get("attn_factor", 1.0)), i32(store))
-    name = next(k for top, k in NORM_ROPE_KERNELS if hd <= top)
-    return KernelCall("norm", name, (ceil(rows / NORM_ROPE_WARPS),), (32 * NORM_ROPE_WARPS,), args, None, node.outs)
+    return KernelCall("norm", "k_rms_norm_mul_rope", (rows,), (32 * ceil(hd / 64),), args, None, node.outs)
 
 
 def _mul_sum_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:

@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..graph import GraphBuilder, View, is_quantized
+from ..graph.tensor import DTYPES
 from .config import KV_PAD, ModelConfig
 from .hf_keys import sliding_layers, sliding_window
 from .rope import rope_params, rotary_dims
@@ -90,25 +91,40 @@ def swa_cache_rows(cfg: ModelConfig) -> int:
 
 def step_input_values(graph, token: int, pos: int) -> dict[str, np.ndarray]:
     """Values the host copies into the graph's inputs before the step at ``pos``."""
-    n_kv = graph.meta["n_kv"]
-    j = np.arange(n_kv)
-    mask = np.where(j <= pos, 0.0, -np.inf).astype(np.float32)
-    out = {
-        "inp_tokens": np.array([token], np.int32),
-        "inp_pos": np.array([pos], np.int32),
-        "inp_kv_idx": np.array([pos], np.int64),
-        "kq_mask": mask,
-    }
+    out = {name: np.empty(graph.inputs[name].shape, DTYPES[graph.inputs[name].dtype][1])
+           for name in step_input_names(graph)}
+    write_step_inputs(graph, token, pos, out)
+    return out
+
+
+def step_input_names(graph) -> tuple[str, ...]:
+    """The inputs :func:`write_step_inputs` fills, in the order it fills them."""
+    names = ["inp_tokens", "inp_pos", "inp_kv_idx", "kq_mask"]
     if "kq_mask_swa" in graph.inputs:
+        names.append("kq_mask_swa")
+        if "inp_kv_idx_swa" in graph.inputs:
+            names.append("inp_kv_idx_swa")
+    return tuple(names)
+
+
+def write_step_inputs(graph, token: int, pos: int, out: dict[str, np.ndarray]) -> None:
+    """Write the step's input values into ``out``'s arrays in place (the inputs' shapes and
+    dtypes): the cuda executor fills its staging memory this way, with no allocation per token."""
+    out["inp_tokens"][...] = token
+    out["inp_pos"][...] = pos
+    out["inp_kv_idx"][...] = pos
+    mask = out["kq_mask"].reshape(-1)
+    mask[: pos + 1] = 0.0  # row j is visible while j <= pos
+    mask[pos + 1:] = -np.inf
+    if "kq_mask_swa" in out:
         # row r of a ring of R rows holds the latest position p <= pos with p % R == r (the
         # full cache is the ring with R = context): visible while p >= 0 and pos - p < window
         window, rows = graph.meta["sliding_window"], graph.meta["swa_rows"]
-        r = np.arange(graph.inputs["kq_mask_swa"].shape[0])
-        held = pos - (pos - r) % rows
-        out["kq_mask_swa"] = np.where((held >= 0) & (pos - held < window), 0.0, -np.inf).astype(np.float32)
-        if "inp_kv_idx_swa" in graph.inputs:
-            out["inp_kv_idx_swa"] = np.array([pos % rows], np.int64)
-    return out
+        swa = out["kq_mask_swa"].reshape(-1)
+        held = pos - (pos - np.arange(swa.size)) % rows
+        swa[...] = np.where((held >= 0) & (pos - held < window), 0.0, -np.inf)
+        if "inp_kv_idx_swa" in out:
+            out["inp_kv_idx_swa"][...] = pos % rows
 
 
 def attention(b: GraphBuilder, cfg: ModelConfig, inp: StepInputs, il: int, q: View, k: View, v: View,

@@ -252,7 +252,8 @@ def norm_mul_of(nodes: list[Node], index: dict, outputs: set[str], i: int) -> tu
     return [i, j], n.srcs[0], m.srcs[1 - slot]
 
 
-#: head sizes the fused norm + rope kernel takes (a warp per head, kernels/norm.cu NORM_ROPE_MAXD)
+#: head sizes the fused norm + rope kernel takes (a thread per pair of a head's elements: at most
+#: 128 threads a block, kernels/norm.cu k_rms_norm_mul_rope); heads and n_rot are even
 NORM_ROPE_MAX_HEAD = 256
 
 
@@ -260,7 +261,7 @@ def fuse_norm_mul_rope(graph: Graph) -> tuple[Graph, list[str]]:
     """``rms_norm(x) * w`` read only by ``ROPE`` (or ``ROPE_SET_ROWS``) of the same rows ->
     ``RMS_NORM_MUL_ROPE`` (x, w, pos, freqs[, idx]) at the ROPE's position, writing its result (the
     rotated rows, or the cache). ``w`` is one f32 weight per element of a row (the kernel reads
-    it so), x's rows are contiguous f32, at most ``NORM_ROPE_MAX_HEAD`` wide."""
+    it so), x's rows are contiguous f32, of an even length up to ``NORM_ROPE_MAX_HEAD``."""
     nodes = graph.nodes
     index = accesses_by_buffer(nodes)
     outputs = output_buffers(graph)
@@ -281,7 +282,8 @@ def fuse_norm_mul_rope(graph: Graph) -> tuple[Graph, list[str]]:
             continue
         if r.params.get("mode", "neox") != "neox" or x.dtype != "f32" or x.strides[-1] != x.itemsize:
             continue
-        if not 0 < hd <= NORM_ROPE_MAX_HEAD or w.dtype != "f32" or w.numel != hd or not w.is_contiguous:
+        if not 0 < hd <= NORM_ROPE_MAX_HEAD or hd % 2 or r.params.get("n_rot", hd) % 2 or w.dtype != "f32" \
+                or w.numel != hd or not w.is_contiguous:
             continue
         srcs = (x, w, *r.srcs[1:])
         if not stable_between(index, srcs, i, j) or not _writes_apart(r, srcs):

@@ -85,14 +85,13 @@ def time_host_ops(ex: Any, ids: Sequence[int], p0: int) -> list[dict[str, Any]]:
     and end (ns) per token, its kind, API, whether it is a PDL launch, and for syncs whether
     device work was pending (issued since the stream was last drained)."""
     out: list[dict[str, Any]] = []
-    orig = ex._host_op
     state = {"token": -1, "i": 0, "pending": False}
 
-    def timed(b: Any, op: Any) -> None:
+    def timed(b: Any, op: Any, call: Any) -> None:
         pdl = op.kind == "launch" and b.plan.launches[op.launch].pdl
         waits = op.kind == "stream_sync" and state["pending"]
         t0 = time.perf_counter_ns()
-        orig(b, op)
+        call()
         t1 = time.perf_counter_ns()
         out.append({"token": state["token"], "i": state["i"], "kind": op.kind, "api": op.api, "pdl": bool(pdl),
                     "blocking": bool(op.blocking), "waits": bool(waits), "start_ns": t0, "end_ns": t1})
@@ -102,14 +101,14 @@ def time_host_ops(ex: Any, ids: Sequence[int], p0: int) -> list[dict[str, Any]]:
         elif op.kind != "stream_sync":
             state["pending"] = True
 
-    ex._host_op = timed
+    ex.host_op_hook = timed
     try:
         for i, tok in enumerate(ids):
             ex.prepare(p0 + i)
             state.update(token=i, i=0)
             ex.step(int(tok), p0 + i)
     finally:
-        del ex._host_op
+        ex.host_op_hook = None
     return out
 
 
