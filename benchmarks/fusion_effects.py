@@ -27,6 +27,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 import workbench  # noqa: E402
+from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
 from workbench.strategy import FUSIONS, Strategy  # noqa: E402
 from workbench.strategy.fusion import PASSES  # noqa: E402
@@ -46,8 +47,9 @@ def strategies(cfg, fusions: list[str]) -> dict[str, Strategy]:
 
 
 def model_config(label: str, weight_dtype: str):
-    name, _, layers = label.partition(":")
-    return preset(name, context=512, weight_dtype=weight_dtype, **({"layers": int(layers)} if layers else {}))
+    """``preset[:layers]`` at a 512-row context, weights of ``weight_dtype``."""
+    spec = ModelSpec.parse(label)
+    return preset(spec.model, context=512, weight_dtype=weight_dtype, layers=spec.layers)
 
 
 def measure(cfg, plans: dict[str, Strategy], args) -> dict[str, list[float]]:

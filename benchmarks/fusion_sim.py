@@ -14,6 +14,7 @@ import argparse
 from pathlib import Path
 
 import workbench
+from workbench.exec.calibrate.specs import ModelSpec
 from workbench.models import preset
 from workbench.strategy import FUSIONS, WORKBENCH_FUSIONS, Strategy
 
@@ -56,9 +57,9 @@ def main() -> None:
     args = ap.parse_args()
     parts = []
     for spec in args.model:
-        name, _, layers = spec.partition(":")
-        label = f"{name} ({layers} layers)" if layers else name
-        parts.append(report(predict(name, args.gpu, layers=int(layers) if layers else None), label, args.gpu))
+        ms = ModelSpec.parse(spec)
+        label = f"{ms.model} ({ms.layers} layers)" if ms.layers else ms.model
+        parts.append(report(predict(ms.model, args.gpu, layers=ms.layers), label, args.gpu))
     text = "\n".join(parts)
     out = args.out or ROOT / "data" / "bench" / f"fusion_sim_{args.gpu}.md"
     out.write_text(text)

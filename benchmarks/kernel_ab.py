@@ -24,6 +24,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 
 def export_kernels(rev: str, dest: Path) -> Path:
@@ -38,16 +39,16 @@ def export_kernels(rev: str, dest: Path) -> Path:
 
 def measure(kernel_dir: str | None, model: str, weight_dtype: str, runs: int) -> dict[str, list[float]]:
     """us/token of each run of both Strategies, with the kernels of ``kernel_dir`` (None: the tree's)."""
+    from fusion_effects import model_config
+
     import workbench
     import workbench.exec.kernels as kernels
     from workbench.llamacpp.switches import LLAMACPP_FUSION
-    from workbench.models import preset
     from workbench.strategy import WORKBENCH_FUSIONS, Strategy
 
     if kernel_dir:
         kernels.KERNEL_DIR = Path(kernel_dir)
-    name, _, layers = model.partition(":")
-    cfg = preset(name, context=512, weight_dtype=weight_dtype, **({"layers": int(layers)} if layers else {}))
+    cfg = model_config(model, weight_dtype)
     own = frozenset(LLAMACPP_FUSION) | frozenset(WORKBENCH_FUSIONS)
     strategies = {"best": Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware", fusion=own),
                   "llamacpp_default": Strategy(graphs=True, pdl=True, fusion=frozenset(LLAMACPP_FUSION))}

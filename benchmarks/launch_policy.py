@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 
 import workbench  # noqa: E402
 from workbench.exec import cuda_ops, cuda_quant_ops, kernels  # noqa: E402
+from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.models import preset  # noqa: E402
 from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
@@ -138,8 +139,8 @@ def main(argv=None) -> int:
     device = device_info().name
     results = []
     for spec in args.models.split(","):
-        name, _, layers = spec.partition(":")
-        results.append(measure(name, int(layers or 0), args.weight_dtype, policies, args.rounds, args.tokens))
+        ms = ModelSpec.parse(spec)
+        results.append(measure(ms.model, ms.layers or 0, args.weight_dtype, policies, args.rounds, args.tokens))
     Path(args.json).write_text(json.dumps({"device": device, "date": time.strftime("%Y-%m-%d"), "results": results},
                                           indent=1))
     if args.md:

@@ -36,6 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from llamacpp_peer import CONFIGS, MODELS  # noqa: E402
 
 from workbench.exec.calibrate.llamacpp_record import CONTEXT, START, TOKENS, Capture, record  # noqa: E402
+from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 
 #: configs a plain build runs (the patched ones need the peer tree's patches)
 PLAIN_CONFIGS = [name for name, (_, models, patch) in CONFIGS.items() if patch is None and models == "all"]
@@ -45,9 +46,9 @@ def captures(models: list[str], configs: list[str], tokens: int) -> list[Capture
     """Model specs (``preset[:layers]``, default layers from MODELS) x config names."""
     out = []
     for spec in models:
-        name, _, layers = spec.partition(":")
-        n = int(layers) if layers else MODELS.get(name)
-        out += [Capture(name, n, c, CONFIGS[c][0], CONTEXT, START, tokens) for c in configs]
+        ms = ModelSpec.parse(spec)
+        n = ms.layers or MODELS.get(ms.model)
+        out += [Capture(ms.model, n, c, CONFIGS[c][0], CONTEXT, START, tokens) for c in configs]
     return out
 
 

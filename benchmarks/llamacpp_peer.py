@@ -55,6 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION as FUSIONS  # noqa: E402
 from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
 
@@ -170,8 +171,8 @@ class Bench:
         from workbench.models import load_config
         from workbench.models.gguf_write import cached_gguf
 
-        name, _, layers = spec.partition(":")
-        layers = int(layers) if layers else MODELS.get(name)
+        ms = ModelSpec.parse(spec)
+        name, layers = ms.model, ms.layers or MODELS.get(ms.model)
         args = self.args
         cfg = load_config(name, layers=layers, context=args.context)
         if args.weight_dtype != "f16":

@@ -52,12 +52,7 @@ def configure(p: argparse.ArgumentParser) -> None:
 def parse_models(text: str | None) -> list[ModelSpec]:
     if not text:
         return list(CALIBRATION_MODELS)
-    out = []
-    for part in text.split(","):
-        bits = part.strip().split(":")
-        out.append(ModelSpec(bits[0], int(bits[1]) if len(bits) > 1 and bits[1] else None,
-                             int(bits[2]) if len(bits) > 2 and bits[2] else None))
-    return out
+    return [ModelSpec.parse(part) for part in text.split(",")]
 
 
 def main(args: argparse.Namespace) -> int:

@@ -25,6 +25,14 @@ class ModelSpec:
         return cls(model, None if layers != layers or layers is None else int(layers),
                    None if context != context or context is None else int(context), int(pos))
 
+    @classmethod
+    def parse(cls, text: str) -> ModelSpec:
+        """``preset[:layers[:context]]``, as ``--models`` options take it (an empty field: the
+        preset's own)."""
+        name, *sizes = text.strip().split(":")
+        layers, context = ([int(s) if s else None for s in sizes[:2]] + [None, None])[:2]
+        return cls(name, layers, context)
+
     def config(self) -> ModelConfig:
         return load_config(self.model, layers=self.layers, context=self.context)
 
