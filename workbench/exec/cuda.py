@@ -270,15 +270,19 @@ class CudaExecutor:
         self.cp.cuda.runtime.deviceSynchronize()
         return b
 
+    def _staging_of(self, op: HostOp) -> np.ndarray:
+        """The staging memory copy ``op`` reads or writes: pageable for a blocking or pageable
+        copy, else pinned."""
+        st = self._staging[op.tensor]
+        return st.pageable if op.blocking or op.host_buffer == "pageable" else st.pinned
+
     def _staged(self, plan: Plan, name: str, kind: str) -> np.ndarray:
-        """A typed view of the staging memory the Plan's copy of tensor ``name`` reads or writes:
-        pageable for a blocking or pageable copy, else pinned (the pinned buffer when no copy
-        moves it)."""
+        """A typed view of the staging memory the Plan's copy (``kind``) of tensor ``name`` reads
+        or writes (the pinned buffer when no copy moves it)."""
         graph = plan.graph
         view = graph.inputs[name] if kind == "memcpy_h2d" else graph.outputs[name]
         op = next((op for op in plan.host_program if op.kind == kind and op.tensor == name), None)
-        st = self._staging[name]
-        host = st.pageable if op is not None and (op.blocking or op.host_buffer == "pageable") else st.pinned
+        host = self._staging_of(op) if op is not None else self._staging[name].pinned
         return host[: view.nbytes].view(DTYPES[view.dtype][1]).reshape(view.shape)
 
     def _addr_fn(self, plan: Plan, arena: int):
@@ -378,8 +382,7 @@ class CudaExecutor:
         if k in ("memcpy_h2d", "memcpy_d2h"):
             graph = b.plan.graph
             view = graph.inputs[op.tensor] if k == "memcpy_h2d" else graph.outputs[op.tensor]
-            st = self._staging[op.tensor]
-            host = int((st.pageable if op.host_buffer == "pageable" or op.blocking else st.pinned).ctypes.data)
+            host = int(self._staging_of(op).ctypes.data)
             dev = self.persistent[view.buffer.name] + view.offset
             src, dst, kind = (host, dev, H2D) if k == "memcpy_h2d" else (dev, host, D2H)
             rt = self.cp.cuda.runtime
