@@ -25,7 +25,7 @@ from workbench.models import (
     load_config,
     preset,
 )
-from workbench.models.blocks import step_input_values
+from workbench.models.blocks import step_input_names, step_input_values, write_step_inputs
 from workbench.models.config import GGUF_ARCHS, MODEL_TYPES
 from workbench.models.rope import rope_params
 from workbench.models.weights import load_safetensors, random_weights, save_safetensors
@@ -346,3 +346,21 @@ def test_preset_configs_do_not_share_nested_dicts():
     cfg.with_(layers=1).hf["rope_scaling"]["factor"] = 2.0
     assert PRESETS["gpt-oss-tiny"]["rope_scaling"] == preset("gpt-oss-tiny").hf["rope_scaling"]
     assert "rope_theta" not in PRESETS["gpt-oss-tiny"]["rope_scaling"]
+
+
+@pytest.mark.parametrize("name", ["llama-tiny", "gpt-oss-tiny"])
+def test_step_inputs_are_written_in_place(name):
+    """The cuda executor writes each token's inputs into the same staging views: every value
+    (the sliding-window ring's included, past its wrap) is the fresh arrays', in the views
+    themselves, with nothing of the previous token left."""
+    graph = build_graph(preset(name, context=1024))  # gpt-oss: a ring of 768 rows, its own index
+    names = step_input_names(graph)
+    assert set(names) <= set(graph.inputs) and {"inp_tokens", "inp_pos", "kq_mask"} <= set(names)
+    views = {k: np.full(graph.inputs[k].shape, 7, step_input_values(graph, 0, 0)[k].dtype) for k in names}
+    ids = {k: id(v) for k, v in views.items()}
+    for pos in (0, 5, 700, 900, 1023, 2):  # 900, 1023: past the ring's wrap
+        write_step_inputs(graph, 11 + pos, pos, views)
+        fresh = step_input_values(graph, 11 + pos, pos)
+        assert {k: id(v) for k, v in views.items()} == ids
+        for k in names:
+            np.testing.assert_array_equal(views[k], fresh[k], err_msg=f"{name} {k} at {pos}")
