@@ -1,6 +1,6 @@
 """Whole decode steps of the ``cuda`` backend under alternative kernel-launch policies: the work
 split of the quantised mat-vecs (``cuda_quant_ops.mmvq_split``), the keys per block of decode
-attention (``cuda_ops.attn_vec_chunk``), the threads of the norm kernels
+attention (``cuda_ops.attn_vec_launch``), the threads of the norm kernels
 (``cuda_ops.norm_threads``) and the shared-memory carveout of every kernel
 (``kernels.SMEM_CARVEOUT``). A micro-benchmark times a kernel alone; this times what a user runs,
 so a policy that wins alone but loses beside its neighbours (L2 contention, concurrent Q/K/V
@@ -42,7 +42,7 @@ BEST = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware",
                 fusion=frozenset(LLAMACPP_FUSION) | frozenset(WORKBENCH_FUSIONS))
 #: mat-vecs with at least this many outputs (an lm_head) keep 4 rows a warp in every policy
 TALL = 65536
-_ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_chunk": cuda_ops.attn_vec_chunk,
+_ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_launch": cuda_ops.attn_vec_launch,
          "norm_threads": cuda_ops.norm_threads, "carveout": kernels.SMEM_CARVEOUT}
 
 
@@ -50,11 +50,20 @@ def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
     return lambda rows, K: (4, 1) if rows >= TALL else short
 
 
-def _attn_steps(n: int) -> Callable[[int, int], tuple[int, int] | None]:
-    def chunk(head_dim: int, itemsize: int) -> tuple[int, int] | None:
-        v = _ORIG["attn_vec_chunk"](head_dim, itemsize)
-        return None if v is None else (min(n, v[0]), v[1] // v[0] * min(n, v[0]))
-    return chunk
+def _attn_split(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tuple[int, int, int, int] | None:
+    """One round a block: a head's keys split over blocks whose partials are merged (the policy
+    before rounds)."""
+    v = _ORIG["attn_vec_launch"](head_dim, itemsize, n_kv, n_head)
+    return None if v is None else (v[0], v[1], 1, v[2] * v[3])
+
+
+def _attn_warps4(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tuple[int, int, int, int] | None:
+    """Blocks of 4 warps (the block size before rounds), a round's keys split over 4x the blocks."""
+    v = _ORIG["attn_vec_launch"](head_dim, itemsize, n_kv, n_head)
+    if v is None or v[0] <= 4:
+        return v
+    f = -(-v[0] // 4)
+    return 4, v[1], v[2], v[3] * f
 
 
 #: policy -> (what it changes, {binder function: replacement})
@@ -64,8 +73,9 @@ POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
     "mmvq-w2": ("every mat-vec below an lm_head: 2 warps per row", {"mmvq_split": _split((1, 2))}),
     "mmvq-r1": ("every mat-vec below an lm_head: a warp per row", {"mmvq_split": _split((1, 1))}),
     "mmvq-r2": ("every mat-vec below an lm_head: 2 rows a warp", {"mmvq_split": _split((2, 1))}),
-    "attn-steps1": ("decode attention: 1 step of keys per block", {"attn_vec_chunk": _attn_steps(1)}),
-    "attn-steps2": ("decode attention: at most 2 steps of keys per block", {"attn_vec_chunk": _attn_steps(2)}),
+    "attn-split": ("decode attention: one round a block, a head's keys split over merged blocks",
+                   {"attn_vec_launch": _attn_split}),
+    "attn-warps4": ("decode attention: blocks of 4 warps, split 4x as often", {"attn_vec_launch": _attn_warps4}),
     "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
                  {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
     **{f"carveout-{c}": (f"every kernel prefers {c} % of L1 as shared memory" if c >= 0 else
@@ -78,7 +88,7 @@ def apply(policy: str) -> None:
     """Install ``policy``'s binder functions (and the originals for the rest)."""
     repl = POLICIES[policy][1]
     cuda_quant_ops.mmvq_split = repl.get("mmvq_split", _ORIG["mmvq_split"])
-    cuda_ops.attn_vec_chunk = repl.get("attn_vec_chunk", _ORIG["attn_vec_chunk"])
+    cuda_ops.attn_vec_launch = repl.get("attn_vec_launch", _ORIG["attn_vec_launch"])
     for mod in (cuda_ops, cuda_quant_ops):
         mod.norm_threads = repl.get("norm_threads", _ORIG["norm_threads"])
     kernels.SMEM_CARVEOUT = repl.get("carveout", _ORIG["carveout"])

@@ -171,30 +171,19 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
     PDL_TRIGGER(end);
 }
 
-// Merge this block's partial (m, l, acc[D] in shared memory) into the workspace; the last
-// block of head h merges all S partials in a fixed order and writes the output.
-__device__ __forceinline__ void fa_merge(TV& d, float m_blk, float l_blk, const float* acc_blk, int D, int h,
-                                         int sidx, int S, float sink, int has_sinks, float* ws, int* tickets) {
-    const int tid = threadIdx.x;
-    float* part = ws + ((i64)h * S + sidx) * (D + 2);
-    for (int j = tid; j < D; j += blockDim.x) part[2 + j] = acc_blk[j];
-    if (tid == 0) {
-        part[0] = m_blk;
-        part[1] = l_blk;
-    }
-    if (!fa_last_block(&tickets[h], S)) return;
-    fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
-    if (tid == 0) tickets[h] = 0;
-}
-
 // The vectorized variant (the one decode steps use): keys are read as 16-byte pieces, LPK lanes
 // per key (a K or V row of D elements is P = D * itemsize / 16 pieces, P <= 32), so a warp reads
-// 32 / LPK rows per instruction, coalesced per row, and every K and V load of the block is issued
-// up front (FAV_STEPS steps of FAV_WARPS * KPW keys) before any of it is used. Scores are reduced
-// over the LPK lanes of a key, softmax statistics over the block, V accumulated per lane and
-// reduced over the keys of the warp and the warps of the block. grid = (H, S); chunk = keys per
-// block = FAV_WARPS * KPW * steps (host: S = ceil(n_kv / chunk)); block = 32 * FAV_WARPS.
+// 32 / LPK rows per instruction, coalesced per row. A round issues every K and V load of its
+// `steps` steps of NW * KPW keys (NW = blockDim.x / 32 warps, up to FAV_MAXW) before any of it is
+// used; each warp keeps its own online softmax (max, sum, V accumulated per lane) across the
+// block's `rounds` rounds, and the warps are merged once at the end. grid = (H, S), block =
+// 32 * NW; block s takes keys [s * rounds * chunk, (s + 1) * rounds * chunk), chunk = NW * KPW *
+// steps. With S == 1 (the host's choice whenever a head's keys fit a few rounds: a short context)
+// the block writes the output itself; otherwise its partial goes to the workspace and the last
+// block of the head merges them: that merge (an acq_rel ticket and a second pass over
+// L2) costs more than a round of loads, so the host prefers rounds to splits.
 #define FAV_WARPS 4
+#define FAV_MAXW 16
 #define FAV_STEPS 8
 
 struct alignas(16) fa_u4 { u32 x, y, z, w; };
@@ -221,22 +210,22 @@ __device__ __forceinline__ float fa_el(const fa_u4& v, int e) {
 
 template <int KDT>
 __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
-                                                      int has_sinks, float* ws, int* tickets, int steps) {
+                                                      int has_sinks, float* ws, int* tickets, int steps,
+                                                      int rounds) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int EPL = KDT == DT_F32 ? 4 : 8;  // elements per 16-byte piece
     __shared__ float qs[FA_MAXD];
-    __shared__ float red[FAV_WARPS];
-    __shared__ float accs[FAV_WARPS][FA_MAXD];
-    __shared__ float acc_blk[FA_MAXD];
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    __shared__ float wm[FAV_MAXW], wl[FAV_MAXW];
+    __shared__ float accs[FAV_MAXW][FA_MAXD];
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
     const int h = blockIdx.x, sidx = blockIdx.y, S = gridDim.y;
     const int H = q.n[2], D = q.n[3], n_kv = k.n[1], Hkv = k.n[2];
     const int P = D / EPL, LPK = P, KPW = 32 / LPK;  // host: P is a power of two <= 32
     const int sub = lane / LPK, pl = lane % LPK;
     const int g = h / (H / Hkv);
-    const int chunk = FAV_WARPS * KPW * steps;
-    const int t0 = sidx * chunk;
+    const int chunk = NW * KPW * steps;
+    const int t0 = sidx * rounds * chunk;
     const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) : 0.0f;  // a weight
     const char* qr = q.p + (i64)h * q.s[2];
     const char* kb = k.p + (i64)g * k.s[2] + (i64)pl * 16;
@@ -246,69 +235,98 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     PDL_WAIT(late);
     fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
     float mk[FAV_STEPS];
+    auto load = [&](int tr) {
 #pragma unroll
-    for (int st = 0; st < FAV_STEPS; ++st) {
-        const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
-        const bool ok = st < steps && t < n_kv;
-        kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
-        vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
-        mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
-    }
+        for (int st = 0; st < FAV_STEPS; ++st) {
+            const int t = tr + (st * NW + warp) * KPW + sub;
+            const bool ok = st < steps && t < n_kv;
+            kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+            vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+            mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
+        }
+    };
+    load(t0);  // the first round's loads are in flight while q is staged
     for (int j = tid; j < D; j += blockDim.x) qs[j] = j == tid ? q0 : ldf(qr + (i64)j * q.s[3], q.dt);
     __syncthreads();
     float qp[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; ++e) qp[e] = qs[pl * EPL + e];
-    // scores of this lane group's keys
-    float sc[FAV_STEPS];
-    float m = -WB_INF;
-#pragma unroll
-    for (int st = 0; st < FAV_STEPS; ++st) {
-        float p = 0.0f;
-#pragma unroll
-        for (int e = 0; e < EPL; ++e) p = fmaf(qp[e], fa_el<KDT>(kv[st], e), p);
-        for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-        sc[st] = mk[st] != -WB_INF ? p * scale + mk[st] : -WB_INF;
-        m = fmaxf(m, sc[st]);
-    }
-    PDL_TRIGGER(after_main_loop);
-    // block max
-    m = warp_max(m);
-    if (lane == 0) red[warp] = m;
-    __syncthreads();
-    m = -WB_INF;
-    for (int w = 0; w < FAV_WARPS; ++w) m = fmaxf(m, red[w]);
-    __syncthreads();
-    // weights, their sum (one lane per key), and the lane's share of P.V
-    float l = 0.0f, acc[EPL];
+    // this warp's online softmax: running max m (warp-uniform), sum l (one lane per key slot), acc
+    float m = -WB_INF, l = 0.0f, acc[EPL];
 #pragma unroll
     for (int e = 0; e < EPL; ++e) acc[e] = 0.0f;
+    for (int r = 0; r < rounds; ++r) {
+        if (r > 0) load(t0 + r * chunk);
+        float sc[FAV_STEPS];
+        float mr = -WB_INF;
 #pragma unroll
-    for (int st = 0; st < FAV_STEPS; ++st) {
-        const float p = (m == -WB_INF || sc[st] == -WB_INF) ? 0.0f : expf(sc[st] - m);
-        if (pl == 0) l += p;
+        for (int st = 0; st < FAV_STEPS; ++st) {
+            float p = 0.0f;
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[e] = fmaf(p, fa_el<KDT>(vv[st], e), acc[e]);
+            for (int e = 0; e < EPL; ++e) p = fmaf(qp[e], fa_el<KDT>(kv[st], e), p);
+            for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
+            sc[st] = mk[st] != -WB_INF ? p * scale + mk[st] : -WB_INF;
+            mr = fmaxf(mr, sc[st]);
+        }
+        const float mn = fmaxf(m, warp_max(mr));
+        if (mn == -WB_INF) continue;  // every key of this warp so far masked (uniform over the warp)
+        const float corr = m == -WB_INF ? 0.0f : expf(m - mn);
+        l *= corr;
+#pragma unroll
+        for (int e = 0; e < EPL; ++e) acc[e] *= corr;
+#pragma unroll
+        for (int st = 0; st < FAV_STEPS; ++st) {
+            const float p = sc[st] == -WB_INF ? 0.0f : expf(sc[st] - mn);
+            if (pl == 0) l += p;
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[e] = fmaf(p, fa_el<KDT>(vv[st], e), acc[e]);
+        }
+        m = mn;
     }
+    PDL_TRIGGER(after_main_loop);
     l = warp_sum(l);
-    if (lane == 0) red[warp] = l;
     // reduce acc over the key slots of the warp (lanes with the same piece)
     for (int o = LPK; o < 32; o <<= 1)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+    if (lane == 0) { wm[warp] = m; wl[warp] = l; }
     if (sub == 0)
 #pragma unroll
         for (int e = 0; e < EPL; ++e) accs[warp][pl * EPL + e] = acc[e];
     __syncthreads();
-    float l_blk = 0.0f;
-    for (int w = 0; w < FAV_WARPS; ++w) l_blk += red[w];
-    for (int j = tid; j < D; j += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < FAV_WARPS; ++w) a += accs[w][j];
-        acc_blk[j] = a;
+    // merge the warps (fixed order): the block's (M, L, acc) scaled to the block max M
+    float M = -WB_INF;
+    for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w]);
+    float L = 0.0f;
+    for (int w = 0; w < NW; ++w)
+        if (wm[w] != -WB_INF) L += wl[w] * expf(wm[w] - M);
+    if (S == 1) {  // the whole context: normalise (with the sink) and write the output here
+        const float Mg = fmaxf(M, has_sinks ? sink : -WB_INF);
+        const float wblk = M == -WB_INF ? 0.0f : expf(M - Mg);
+        const float inv = 1.0f / (L * wblk + (has_sinks ? expf(sink - Mg) : 0.0f));
+        for (int j = tid; j < D; j += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < NW; ++w)
+                if (wm[w] != -WB_INF) a += accs[w][j] * expf(wm[w] - M);
+            stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * wblk * inv);
+        }
+    } else {
+        float* part = ws + ((i64)h * S + sidx) * (D + 2);
+        for (int j = tid; j < D; j += blockDim.x) {
+            float a = 0.0f;
+            for (int w = 0; w < NW; ++w)
+                if (wm[w] != -WB_INF) a += accs[w][j] * expf(wm[w] - M);
+            part[2 + j] = a;
+        }
+        if (tid == 0) {
+            part[0] = M;
+            part[1] = L;
+        }
+        if (fa_last_block(&tickets[h], S)) {
+            fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
+            if (tid == 0) tickets[h] = 0;
+        }
     }
-    __syncthreads();
-    fa_merge(d, m, l_blk, acc_blk, D, h, sidx, S, sink, has_sinks, ws, tickets);
     PDL_TRIGGER(end);
 }
 
@@ -426,9 +444,11 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
 
 #define FAV_ARGS TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale, int has_sinks, float *ws, int *tickets, int steps
 #define FAV_PASS d, q, k, v, mask, sinks, scale, has_sinks, ws, tickets, steps
-extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_f16(FAV_ARGS) { flash_attn_decode_vec<DT_F16>(FAV_PASS); }
-extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_bf16(FAV_ARGS) { flash_attn_decode_vec<DT_BF16>(FAV_PASS); }
-extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_vec_f32(FAV_ARGS) { flash_attn_decode_vec<DT_F32>(FAV_PASS); }
+#define FAVR_ARGS FAV_ARGS, int rounds
+#define FAVR_PASS FAV_PASS, rounds
+extern "C" __global__ void __launch_bounds__(32 * FAV_MAXW) k_flash_attn_ext_vec_f16(FAVR_ARGS) { flash_attn_decode_vec<DT_F16>(FAVR_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * FAV_MAXW) k_flash_attn_ext_vec_bf16(FAVR_ARGS) { flash_attn_decode_vec<DT_BF16>(FAVR_PASS); }
+extern "C" __global__ void __launch_bounds__(32 * FAV_MAXW) k_flash_attn_ext_vec_f32(FAVR_ARGS) { flash_attn_decode_vec<DT_F32>(FAVR_PASS); }
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_gqa_f16(FAV_ARGS) { flash_attn_decode_gqa<DT_F16>(FAV_PASS); }
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_gqa_bf16(FAV_ARGS) { flash_attn_decode_gqa<DT_BF16>(FAV_PASS); }
 extern "C" __global__ void __launch_bounds__(128) k_flash_attn_ext_gqa_f32(FAV_ARGS) { flash_attn_decode_gqa<DT_F32>(FAV_PASS); }

@@ -155,9 +155,8 @@ def test_attention_split_algorithm_matches_reference():
     v = rng.standard_normal((n_kv, Hkv, D)).astype(np.float32)
     mask = np.where(np.arange(n_kv) <= pos, 0.0, -np.inf).astype(np.float32)
     sinks = rng.standard_normal(H).astype(np.float32)
-    steps, vec_chunk = cuda_ops.attn_vec_chunk(D, 2)
     gqa_chunk = cuda_ops.attn_gqa_chunk(D, 2, n_kv, Hkv)[1]
-    for sk, chunk in ((None, -(-n_kv // cuda_ops.attn_splits(H, n_kv))), (sinks, vec_chunk), (None, 7),
+    for sk, chunk in ((None, -(-n_kv // cuda_ops.attn_splits(H, n_kv))), (sinks, 32), (None, 7),
                       (sinks, gqa_chunk)):
         S = -(-n_kv // chunk)
         assert S > 1
@@ -181,6 +180,25 @@ def test_attention_split_algorithm_matches_reference():
             out[h] = sum(p[2] * np.exp(p[0] - M) for p in parts if p[0] != -np.inf) / L
         ref = attend(q, k, v, mask, D ** -0.5, sk)
         np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("D,H,n_kv", [(64, 32, 512), (128, 32, 512), (64, 64, 512), (128, 32, 6), (64, 64, 4096),
+                                       (64, 64, 32768), (256, 8, 1000), (80, 40, 512)])
+def test_attention_vec_launch_covers_every_key_in_few_blocks(D, H, n_kv):
+    """The vectorized decode kernel's launch: every key in some block's rounds, no block wholly
+    past the keys, a head that one round of the widest block covers in that block (no split
+    partials to merge), and never more splits than the workspace holds."""
+    got = cuda_ops.attn_vec_launch(D, 2, n_kv, H)
+    if D == 80:  # 10 pieces a row: not a power of two, the generic kernel's
+        assert got is None
+        return
+    warps, steps, rounds, S = got
+    keys_per_round = warps * (32 // (D * 2 // 16)) * steps
+    assert 1 <= warps <= cuda_ops.FAV_MAXW and 1 <= steps <= cuda_ops.FAV_STEPS
+    assert S * rounds * keys_per_round >= n_kv > (S - 1) * rounds * keys_per_round
+    assert S <= cuda_ops.attn_vec_max_splits(H)
+    one_round = cuda_ops.FAV_MAXW * (32 // (D * 2 // 16)) * cuda_ops.FAV_STEPS
+    assert (S == 1 and rounds == 1) == (n_kv <= one_round)
 
 
 def test_cuda_backend_without_cupy_says_use_sim():

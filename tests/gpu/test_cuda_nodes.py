@@ -73,11 +73,27 @@ def test_every_node_matches_reference(model, fusion, kernels):
     assert not bad, "first mismatching nodes:\n" + "\n".join(bad[:12])
 
 
+def _attn_one_warp(split: bool):
+    """Decode attention in blocks of one warp and one step: a few keys per round, so even the
+    tiny models' short contexts take several rounds of one block (``split=False``) or several
+    blocks whose partials are merged (``split=True``)."""
+    launch = cuda_ops.attn_vec_launch
+
+    def policy(head_dim: int, itemsize: int, n_kv: int, n_head: int):
+        if launch(head_dim, itemsize, n_kv, n_head) is None:
+            return None
+        chunks = -(-n_kv // (32 // (head_dim * itemsize // 16)))
+        return (1, 1, 1, chunks) if split else (1, 1, chunks, 1)
+    return policy
+
+
 #: kernel variants behind cuda_ops' selection constants (off by default until
-#: benchmarks/kernel_bench.py measures them faster): the constants that turn each on, and the
-#: kernel name part it must bind on the tiny models
+#: benchmarks/kernel_bench.py measures them faster) or launch policies: what turns each on, and
+#: the kernel name part it must bind on the tiny models
 VARIANTS = {
     "attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),
+    "attn-rounds": ({"attn_vec_launch": _attn_one_warp(split=False)}, "k_flash_attn_ext_vec_"),
+    "attn-split": ({"attn_vec_launch": _attn_one_warp(split=True)}, "k_flash_attn_ext_vec_"),
     "mmv-seg-16": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 16, "MMV_SEG_MUL_MAT": True}, "_seg_"),
     "mmv-seg-8": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 8, "MMV_SEG_MUL_MAT": True}, "_seg_"),
 }

@@ -31,6 +31,9 @@ MMV_ROWS_MIN = 2880
 MMV_SPLIT_BELOW = 8192
 #: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
 FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
+#: the vectorized decode kernel (kernels/attn.cu): most warps of one block, warps of a split block,
+#: most steps a round; split blocks of a head's keys, at most (4 a SM of a 132-SM GPU)
+FAV_MAXW, FAV_WARPS, FAV_STEPS, FA_SPLIT_BLOCKS = 16, 4, 8, 528
 #: decode attention where the vector kernel applies: "vec" (a block per query head and key chunk)
 #: or "gqa" (a block per KV head and key chunk, its query heads sharing each K/V load:
 #: k_flash_attn_ext_gqa_*). "vec" until benchmarks/kernel_bench.py measures "gqa" faster.
@@ -675,27 +678,50 @@ def attn_splits(n_head: int, n_kv: int) -> int:
     return max(1, min(ceil(FA_TARGET_BLOCKS / n_head), max(1, n_kv // 32)))
 
 
-def attn_vec_chunk(head_dim: int, itemsize: int) -> tuple[int, int] | None:
-    """(steps, keys per block) of the vectorized kernel, or None when a K/V row is not a power of
-    two of 16-byte pieces up to 32 (kernels/attn.cu FAV_*): about 64 keys per block."""
+def attn_vec_pieces(head_dim: int, itemsize: int) -> int | None:
+    """16-byte pieces of one K/V row for the vectorized kernels, or None when a row is not a power
+    of two of them up to 32 (kernels/attn.cu FAV_*)."""
     if (head_dim * itemsize) % 16:
         return None
     pieces = head_dim * itemsize // 16
-    if pieces > 32 or pieces & (pieces - 1):
+    return None if pieces > 32 or pieces & (pieces - 1) else pieces
+
+
+def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tuple[int, int, int, int] | None:
+    """(warps, steps, rounds, splits) of the vectorized kernel k_flash_attn_ext_vec_*, or None
+    where it does not apply. A round is ``steps`` steps of ``warps * 32 / pieces`` keys, every load
+    issued before any is used; a block takes ``rounds`` rounds; ``splits`` blocks share a head.
+    A head whose keys fit one round of FAV_MAXW warps takes one block, which writes the output
+    itself; a longer one is split over blocks of FAV_WARPS warps (their partials merged by the
+    head's last block), at most about FA_SPLIT_BLOCKS blocks, further keys taken in rounds: in
+    isolation on an H200 (``data/bench/attn_policy_h200.md``) one block of 16 warps beats 4 to 8
+    split blocks at 512 keys of head dim 64, many small blocks beat two rounds or two big blocks
+    at head dim 128, and rounds beat ever more splits past a wave."""
+    pieces = attn_vec_pieces(head_dim, itemsize)
+    if pieces is None:
         return None
-    per_step = 4 * (32 // pieces)
-    steps = max(1, min(8, ceil(64 / per_step)))
-    return steps, per_step * steps
+    kpw = 32 // pieces  # keys a warp reads per step
+    if n_kv <= FAV_MAXW * kpw * FAV_STEPS:
+        warps = max(1, min(FAV_MAXW, ceil(n_kv / kpw)))
+        return warps, max(1, min(FAV_STEPS, ceil(n_kv / (warps * kpw)))), 1, 1
+    chunks = ceil(n_kv / (FAV_WARPS * kpw * FAV_STEPS))
+    rounds = ceil(chunks / attn_vec_max_splits(n_head))
+    return FAV_WARPS, FAV_STEPS, rounds, ceil(chunks / rounds)
+
+
+def attn_vec_max_splits(n_head: int) -> int:
+    """The most blocks per head attn_vec_launch asks for (the workspace's partials)."""
+    return max(1, ceil(FA_SPLIT_BLOCKS / n_head))
 
 
 def attn_gqa_chunk(head_dim: int, itemsize: int, n_kv: int, n_kv_heads: int) -> tuple[int, int] | None:
-    """(steps, keys per block) of the GQA-shared kernel: the vector kernel's key pieces, fewer
-    steps per block so that its n_kv_heads * S blocks still fill about FA_TARGET_BLOCKS."""
-    vec = attn_vec_chunk(head_dim, itemsize)
-    if vec is None:
+    """(steps, keys per block) of the GQA-shared kernel (FAV_WARPS warps a block): steps chosen so
+    that its n_kv_heads * S blocks fill about FA_TARGET_BLOCKS."""
+    pieces = attn_vec_pieces(head_dim, itemsize)
+    if pieces is None:
         return None
-    per_step = vec[1] // vec[0]
-    steps = max(1, min(8, ceil(n_kv * n_kv_heads / (FA_TARGET_BLOCKS * per_step))))
+    per_step = FAV_WARPS * (32 // pieces)
+    steps = max(1, min(FAV_STEPS, ceil(n_kv * n_kv_heads / (FA_TARGET_BLOCKS * per_step))))
     return steps, per_step * steps
 
 
@@ -716,8 +742,8 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
                         f"K {k.dtype} / V {v.dtype}")
     ka, va = arg(k, addr), arg(v, addr)
     rows_max = max(n_kv, k.buffer.nbytes // max(1, k.strides[0]))  # the cache's context
-    vec = attn_vec_chunk(D, k.itemsize)
-    grid_x = H
+    vec = attn_vec_launch(D, k.itemsize, n_kv, H)
+    grid_x, block = H, FA_THREADS
     if (FA_VARIANT == "gqa" and vec is not None and (H // Hkv) * D <= FAG_MAXQ and H // Hkv <= FAG_MAXG
             and _rows16(k, ka) and _rows16(v, va)):
         steps, chunk = attn_gqa_chunk(D, k.itemsize, n_kv, Hkv)
@@ -726,9 +752,9 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
         # steps < 8, else growing with the length
         s_max = max(ceil(FA_TARGET_BLOCKS / Hkv) + 1, ceil(rows_max / attn_gqa_chunk(D, k.itemsize, rows_max, Hkv)[1]))
     elif vec is not None and _rows16(k, ka) and _rows16(v, va):
-        steps, chunk = vec
-        S, s_max, name, extra = ceil(n_kv / chunk), ceil(rows_max / chunk), f"k_flash_attn_ext_vec_{k.dtype}", \
-            (i32(steps),)
+        warps, steps, rounds, S = vec
+        s_max, name, extra, block = attn_vec_max_splits(H), f"k_flash_attn_ext_vec_{k.dtype}", \
+            (i32(steps), i32(rounds)), 32 * warps
     else:
         S, s_max, name, extra = attn_splits(H, n_kv), ceil(FA_TARGET_BLOCKS / H), f"k_flash_attn_ext_{k.dtype}", ()
     nbytes = H * max(S, s_max) * (D + 2) * 4 + H * 4  # partials of the largest split + one ticket per head
@@ -736,7 +762,7 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     args = (arg(d, addr), arg(q, addr, (H, D), q.strides[-2:]), ka, va, arg(mask, addr),
             arg(sinks, addr) if sinks is not None else arg(mask, addr), f32(node.params["scale"]),
             i32(sinks is not None), ptr(base), ptr(base + nbytes - H * 4), *extra)
-    return KernelCall("attn", name, (grid_x, S), (FA_THREADS,), args, None, node.outs)
+    return KernelCall("attn", name, (grid_x, S), (block,), args, None, node.outs)
 
 
 def _ssm_conv(node: Node, addr: Addr, _: Workspace) -> KernelCall:
