@@ -50,22 +50,6 @@ def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
     return lambda rows, K: (4, 1) if rows >= TALL else short
 
 
-def _attn_split(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tuple[int, int, int, int] | None:
-    """One round a block: a head's keys split over blocks whose partials are merged (the policy
-    before rounds)."""
-    v = _ORIG["attn_vec_launch"](head_dim, itemsize, n_kv, n_head)
-    return None if v is None else (v[0], v[1], 1, v[2] * v[3])
-
-
-def _attn_warps4(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tuple[int, int, int, int] | None:
-    """Blocks of 4 warps (the block size before rounds), a round's keys split over 4x the blocks."""
-    v = _ORIG["attn_vec_launch"](head_dim, itemsize, n_kv, n_head)
-    if v is None or v[0] <= 4:
-        return v
-    f = -(-v[0] // 4)
-    return 4, v[1], v[2], v[3] * f
-
-
 #: policy -> (what it changes, {binder function: replacement})
 POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
     "default": ("the binders as they are", {}),
@@ -73,9 +57,9 @@ POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
     "mmvq-w2": ("every mat-vec below an lm_head: 2 warps per row", {"mmvq_split": _split((1, 2))}),
     "mmvq-r1": ("every mat-vec below an lm_head: a warp per row", {"mmvq_split": _split((1, 1))}),
     "mmvq-r2": ("every mat-vec below an lm_head: 2 rows a warp", {"mmvq_split": _split((2, 1))}),
-    "attn-split": ("decode attention: one round a block, a head's keys split over merged blocks",
-                   {"attn_vec_launch": _attn_split}),
-    "attn-warps4": ("decode attention: blocks of 4 warps, split 4x as often", {"attn_vec_launch": _attn_warps4}),
+    "attn-split": ("decode attention: every head split over blocks of 4 warps, merged by its last block "
+                   "(the launch before one-block heads)",
+                   {"attn_vec_launch": lambda d, isz, n, h: _ORIG["attn_vec_launch"](d, isz, n, h, solo=False)}),
     "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
                  {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
     **{f"carveout-{c}": (f"every kernel prefers {c} % of L1 as shared memory" if c >= 0 else

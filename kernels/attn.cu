@@ -1,9 +1,10 @@
-// FLASH_ATTN_EXT for one decode token, split along the context (flash-decoding): block (h, s)
-// handles query head h over key chunk s with an online softmax per warp, combines its warps,
-// and writes a partial (max, sum, acc[D]) to a per-node workspace. The last block of head h to
-// finish (atomic ticket) merges the S partials in a fixed order (so the result does not depend
-// on which block came last: graph replays are bit-identical), adds the attention sink when the
-// model has one (gpt-oss), writes the output and resets the ticket for the next launch.
+// FLASH_ATTN_EXT for one decode token (flash-decoding): block (h, s) handles query head h over
+// key chunk s with an online softmax per warp and merges its warps. A block that holds the
+// whole context writes the output; otherwise it writes a partial (max, sum, acc[D]) to a
+// per-node workspace and the last block of head h to finish (atomic ticket) merges the S
+// partials in a fixed order (so the result does not depend on which block came last: graph
+// replays are bit-identical), adds the attention sink when the model has one (gpt-oss), writes
+// the output and resets the ticket for the next launch.
 #include "common.cuh"
 
 #define FA_WARPS 4
@@ -83,6 +84,45 @@ __device__ __forceinline__ bool fa_last_block(int* t, int S) {
     return last;
 }
 
+// The block's warps merged (in a fixed order) into its (M, L, acc[D]) at the block max M, from
+// each warp's max wm, sum wl and accumulator acc (shared memory). With S == 1 the block held
+// the whole context: it writes the output (the sink in the normaliser); otherwise its partial
+// goes to the workspace and the head's last block merges all S.
+__device__ __forceinline__ void fa_block_out(TV& d, const float* wm, const float* wl, const float (*acc)[FA_MAXD],
+                                             int nw, int D, int h, int sidx, int S, float sink, int has_sinks,
+                                             float* ws, int* tickets) {
+    const int tid = threadIdx.x;
+    float M = -WB_INF, L = 0.0f;
+    for (int w = 0; w < nw; ++w) M = fmaxf(M, wm[w]);
+    for (int w = 0; w < nw; ++w)
+        if (wm[w] != -WB_INF) L += wl[w] * expf(wm[w] - M);
+    float out_scale = 1.0f;
+    if (S == 1) {
+        const float Mg = fmaxf(M, has_sinks ? sink : -WB_INF);
+        const float wblk = M == -WB_INF ? 0.0f : expf(M - Mg);
+        out_scale = wblk / (L * wblk + (has_sinks ? expf(sink - Mg) : 0.0f));
+    }
+    float* part = ws + ((i64)h * S + sidx) * (D + 2);
+    for (int j = tid; j < D; j += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < nw; ++w)
+            if (wm[w] != -WB_INF) a += acc[w][j] * expf(wm[w] - M);
+        if (S == 1)
+            stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * out_scale);
+        else
+            part[2 + j] = a;
+    }
+    if (S == 1) return;
+    if (tid == 0) {
+        part[0] = M;
+        part[1] = L;
+    }
+    if (fa_last_block(&tickets[h], S)) {
+        fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
+        if (tid == 0) tickets[h] = 0;
+    }
+}
+
 // q: [H, D] (axes 2..3); k, v: [n_kv, H_kv, D] (axes 1..3); mask: [n_kv] (axis 3);
 // sinks: [H] (axis 3) when has_sinks; d: flat [H * D]. grid = (H, S), block = 32 * FA_WARPS.
 // ws: H * S * (D + 2) floats; tickets: H ints, zero between launches.
@@ -146,28 +186,9 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
         const int j = lane + 32 * i;
         if (j < D) wacc[warp][j] = acc[i];
     }
-    __syncthreads();
-    float M = -WB_INF;
-    for (int w = 0; w < FA_WARPS; ++w) M = fmaxf(M, wm[w]);
-    float* part = ws + ((i64)h * S + sidx) * (D + 2);
-    for (int j = tid; j < D; j += blockDim.x) {
-        float a = 0.0f;
-        for (int w = 0; w < FA_WARPS; ++w)
-            if (wm[w] != -WB_INF) a += wacc[w][j] * expf(wm[w] - M);
-        part[2 + j] = a;
-    }
-    if (tid == 0) {
-        float L = 0.0f;
-        for (int w = 0; w < FA_WARPS; ++w)
-            if (wm[w] != -WB_INF) L += wl[w] * expf(wm[w] - M);
-        part[0] = M;
-        part[1] = L;
-    }
     PDL_TRIGGER(after_main_loop);
-    if (fa_last_block(&tickets[h], S)) {
-        fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
-        if (tid == 0) tickets[h] = 0;
-    }
+    __syncthreads();
+    fa_block_out(d, wm, wl, wacc, FA_WARPS, D, h, sidx, S, sink, has_sinks, ws, tickets);
     PDL_TRIGGER(end);
 }
 
@@ -294,39 +315,7 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
 #pragma unroll
         for (int e = 0; e < EPL; ++e) accs[warp][pl * EPL + e] = acc[e];
     __syncthreads();
-    // merge the warps (fixed order): the block's (M, L, acc) scaled to the block max M
-    float M = -WB_INF;
-    for (int w = 0; w < NW; ++w) M = fmaxf(M, wm[w]);
-    float L = 0.0f;
-    for (int w = 0; w < NW; ++w)
-        if (wm[w] != -WB_INF) L += wl[w] * expf(wm[w] - M);
-    if (S == 1) {  // the whole context: normalise (with the sink) and write the output here
-        const float Mg = fmaxf(M, has_sinks ? sink : -WB_INF);
-        const float wblk = M == -WB_INF ? 0.0f : expf(M - Mg);
-        const float inv = 1.0f / (L * wblk + (has_sinks ? expf(sink - Mg) : 0.0f));
-        for (int j = tid; j < D; j += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < NW; ++w)
-                if (wm[w] != -WB_INF) a += accs[w][j] * expf(wm[w] - M);
-            stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * wblk * inv);
-        }
-    } else {
-        float* part = ws + ((i64)h * S + sidx) * (D + 2);
-        for (int j = tid; j < D; j += blockDim.x) {
-            float a = 0.0f;
-            for (int w = 0; w < NW; ++w)
-                if (wm[w] != -WB_INF) a += accs[w][j] * expf(wm[w] - M);
-            part[2 + j] = a;
-        }
-        if (tid == 0) {
-            part[0] = M;
-            part[1] = L;
-        }
-        if (fa_last_block(&tickets[h], S)) {
-            fa_combine_partials(d, D, h, S, sink, has_sinks, ws);
-            if (tid == 0) tickets[h] = 0;
-        }
-    }
+    fa_block_out(d, wm, wl, accs, NW, D, h, sidx, S, sink, has_sinks, ws, tickets);
     PDL_TRIGGER(end);
 }
 

@@ -53,7 +53,7 @@ def test_gpu_decode_names_unknown_peers_and_parts(argv, message):
 
 def test_launch_policies_rebind_what_they_name():
     """benchmarks/launch_policy.py: each policy changes the launches it names (the mat-vec split,
-    the attention chunks, the norm threads, the carveout) and ``apply("default")`` restores the
+    the attention launch, the norm threads, the carveout) and ``apply("default")`` restores the
     binders, so a benchmark run leaves the library as it found it."""
     from workbench.exec import cuda_quant_ops, kernels
     from workbench.models import build_graph, preset
@@ -70,7 +70,7 @@ def test_launch_policies_rebind_what_they_name():
 
     base = launches()
     assert base["Qcur-0_q8_1"][1] == (512,) and base["Kcur-0"][2] == [1, 4]  # norm threads, K/V split-K
-    changed = {"mmvq-w4": "Qcur-0", "mmvq-r2": "Qcur-0", "attn-steps2": "kqv_out-0", "norm-256": "Qcur-0_q8_1"}
+    changed = {"mmvq-w4": "Qcur-0", "mmvq-r2": "Qcur-0", "attn-split": "kqv_out-0", "norm-256": "Qcur-0_q8_1"}
     try:
         for policy, node in changed.items():
             lp.apply(policy)

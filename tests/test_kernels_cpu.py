@@ -199,6 +199,10 @@ def test_attention_vec_launch_covers_every_key_in_few_blocks(D, H, n_kv):
     assert S <= cuda_ops.attn_vec_max_splits(H)
     one_round = cuda_ops.FAV_MAXW * (32 // (D * 2 // 16)) * cuda_ops.FAV_STEPS
     assert (S == 1 and rounds == 1) == (n_kv <= one_round)
+    warps, steps, rounds, S = cuda_ops.attn_vec_launch(D, 2, n_kv, H, solo=False)  # always split blocks
+    keys_per_round = warps * (32 // (D * 2 // 16)) * steps
+    assert warps == cuda_ops.FAV_WARPS and S <= cuda_ops.attn_vec_max_splits(H)
+    assert S * rounds * keys_per_round >= n_kv > (S - 1) * rounds * keys_per_round
 
 
 def test_cuda_backend_without_cupy_says_use_sim():

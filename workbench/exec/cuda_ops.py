@@ -687,7 +687,8 @@ def attn_vec_pieces(head_dim: int, itemsize: int) -> int | None:
     return None if pieces > 32 or pieces & (pieces - 1) else pieces
 
 
-def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tuple[int, int, int, int] | None:
+def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int,
+                    solo: bool = True) -> tuple[int, int, int, int] | None:
     """(warps, steps, rounds, splits) of the vectorized kernel k_flash_attn_ext_vec_*, or None
     where it does not apply. A round is ``steps`` steps of ``warps * 32 / pieces`` keys, every load
     issued before any is used; a block takes ``rounds`` rounds; ``splits`` blocks share a head.
@@ -696,12 +697,13 @@ def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int) -> tup
     head's last block), at most about FA_SPLIT_BLOCKS blocks, further keys taken in rounds: in
     isolation on an H200 (``data/bench/attn_policy_h200.md``) one block of 16 warps beats 4 to 8
     split blocks at 512 keys of head dim 64, many small blocks beat two rounds or two big blocks
-    at head dim 128, and rounds beat ever more splits past a wave."""
+    at head dim 128, and rounds beat ever more splits past a wave. ``solo=False``: split blocks even
+    where one block would do (the launch before one-block heads, for A/B runs)."""
     pieces = attn_vec_pieces(head_dim, itemsize)
     if pieces is None:
         return None
     kpw = 32 // pieces  # keys a warp reads per step
-    if n_kv <= FAV_MAXW * kpw * FAV_STEPS:
+    if solo and n_kv <= FAV_MAXW * kpw * FAV_STEPS:
         warps = max(1, min(FAV_MAXW, ceil(n_kv / kpw)))
         return warps, max(1, min(FAV_STEPS, ceil(n_kv / (warps * kpw)))), 1, 1
     chunks = ceil(n_kv / (FAV_WARPS * kpw * FAV_STEPS))
