@@ -229,6 +229,23 @@ __device__ __forceinline__ float fa_el(const fa_u4& v, int e) {
     return KDT == DT_F16 ? h2f(h) : bf2f(h);
 }
 
+// One round's K, V and mask loads of a block of nw warps (16-byte pieces, issued before any is
+// used): in step st, warp w's key slot sub reads key t0 + (st * nw + w) * kpw + sub; zeros and a
+// -inf mask past the keys or past the round's steps.
+__device__ __forceinline__ void fa_load_round(fa_u4 (&kv)[FAV_STEPS], fa_u4 (&vv)[FAV_STEPS], float (&mk)[FAV_STEPS],
+                                              const char* kb, const char* vb, const TV& k, const TV& v,
+                                              const TV& mask, int t0, int nw, int warp, int kpw, int sub,
+                                              int steps, int n_kv) {
+#pragma unroll
+    for (int st = 0; st < FAV_STEPS; ++st) {
+        const int t = t0 + (st * nw + warp) * kpw + sub;
+        const bool ok = st < steps && t < n_kv;
+        kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+        vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
+        mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
+    }
+}
+
 template <int KDT>
 __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
                                                       int has_sinks, float* ws, int* tickets, int steps,
@@ -256,16 +273,7 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     PDL_WAIT(late);
     fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
     float mk[FAV_STEPS];
-    auto load = [&](int tr) {
-#pragma unroll
-        for (int st = 0; st < FAV_STEPS; ++st) {
-            const int t = tr + (st * NW + warp) * KPW + sub;
-            const bool ok = st < steps && t < n_kv;
-            kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
-            vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
-            mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
-        }
-    };
+    auto load = [&](int tr) { fa_load_round(kv, vv, mk, kb, vb, k, v, mask, tr, NW, warp, KPW, sub, steps, n_kv); };
     load(t0);  // the first round's loads are in flight while q is staged
     for (int j = tid; j < D; j += blockDim.x) qs[j] = j == tid ? q0 : ldf(qr + (i64)j * q.s[3], q.dt);
     __syncthreads();
@@ -356,14 +364,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
     PDL_WAIT(late);
     fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
     float mk[FAV_STEPS];
-#pragma unroll
-    for (int st = 0; st < FAV_STEPS; ++st) {
-        const int t = t0 + (st * FAV_WARPS + warp) * KPW + sub;
-        const bool ok = st < steps && t < n_kv;
-        kv[st] = ok ? fa_ld16(kb + (i64)t * k.s[1]) : fa_u4{0u, 0u, 0u, 0u};
-        vv[st] = ok ? fa_ld16(vb + (i64)t * v.s[1]) : fa_u4{0u, 0u, 0u, 0u};
-        mk[st] = ok ? ldf(mask.p + (i64)t * mask.s[3], mask.dt) : -WB_INF;
-    }
+    fa_load_round(kv, vv, mk, kb, vb, k, v, mask, t0, FAV_WARPS, warp, KPW, sub, steps, n_kv);
     for (int j = tid; j < G * D; j += blockDim.x) {
         const int hh = j / D, e = j % D;
         qs[j] = j == tid && hh == 0 ? q0 : ldf(qg + (i64)hh * q.s[2] + (i64)e * q.s[3], q.dt);
