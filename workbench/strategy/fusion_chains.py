@@ -24,7 +24,7 @@ it later than the first node did); everything is matched on ops and byte ranges.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..graph import Graph, Node, View
 from .deps import accesses_by_buffer
@@ -252,6 +252,17 @@ def norm_mul_of(nodes: list[Node], index: dict, outputs: set[str], i: int) -> tu
     return [i, j], n.srcs[0], m.srcs[1 - slot]
 
 
+def norm_mul_sites(nodes: list[Node], index: dict, outputs: set[str],
+                   drop: set[int]) -> Iterator[tuple[int, list[int], View, View]]:
+    """(i, absorbed nodes, x, norm weight) for each node ``i`` not in ``drop`` that starts
+    ``rms_norm(x) * w``: the loop of every pass that fuses such a chain into its readers (the pass
+    adds what it absorbs to ``drop`` as it goes, and later sites skip it)."""
+    for i in range(len(nodes)):
+        found = None if i in drop else norm_mul_of(nodes, index, outputs, i)
+        if found is not None:
+            yield (i, *found)
+
+
 #: head sizes the fused norm + rope kernel takes (a thread per pair of a head's elements: at most
 #: 128 threads a block, kernels/norm.cu k_rms_norm_mul_rope); heads and n_rot are even
 NORM_ROPE_MAX_HEAD = 256
@@ -267,11 +278,7 @@ def fuse_norm_mul_rope(graph: Graph) -> tuple[Graph, list[str]]:
     outputs = output_buffers(graph)
     replace: dict[int, Node] = {}
     drop: set[int] = set()
-    for i in range(len(nodes)):
-        found = None if i in drop else norm_mul_of(nodes, index, outputs, i)
-        if found is None:
-            continue
-        absorbed, x, w = found
+    for i, absorbed, x, w in norm_mul_sites(nodes, index, outputs, drop):
         normed = nodes[absorbed[-1]].dst
         j = sole_reader(nodes, index, outputs, absorbed[-1])
         if j is None or j in replace or nodes[j].op not in ("ROPE", "ROPE_SET_ROWS") or len(nodes[j].outs) != 1:

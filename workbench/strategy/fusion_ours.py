@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from ..graph import Graph, Node, View
 from ..graph.tensor import is_quantized
 from .deps import accesses_by_buffer, readers_of, touchers_between
-from .fusion_chains import _writes_apart, fused_params, norm_mul_of
+from .fusion_chains import _writes_apart, fused_params, norm_mul_sites
 from .rewrite import operand_slot, output_buffers, rebuild, same_elements, sole_reader, stable_between
 
 #: elements of the activation row the fused mat-vecs stage in shared memory (kernels/fused_mat_vec.cu FMV_MAXK)
@@ -253,13 +253,7 @@ def fuse_norm_mat_vec(graph: Graph) -> tuple[Graph, list[str]]:
     outputs = output_buffers(graph)
     replace: dict[int, Node] = {}
     drop: set[int] = set()
-    for i in range(len(nodes)):
-        if i in drop:
-            continue
-        found = norm_mul_of(nodes, index, outputs, i)
-        if found is None:
-            continue
-        absorbed, x, w = found
+    for i, absorbed, x, w in norm_mul_sites(nodes, index, outputs, drop):
         end = nodes[absorbed[-1]]
         normed = end.dst
         if normed.buffer.kind != "act" or normed.buffer.name in outputs or absorbed[-1] in replace:
