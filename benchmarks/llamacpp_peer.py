@@ -57,7 +57,7 @@ sys.path.insert(0, str(ROOT))
 
 from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION as FUSIONS  # noqa: E402
-from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
+from workbench.strategy import PDL_TRIGGERS, WORKBENCH_FUSIONS, Strategy  # noqa: E402
 
 #: name -> (Strategy as llama.cpp switches, which models: "all" / "gdn", needs a peer patch)
 CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
@@ -100,12 +100,15 @@ TOOLS = ("llamacpp", "llama-bench", "cuda", "sim")
 WEIGHT_DTYPES = ("f16", "q4_0", "q8_0")
 
 
-def ours(strategy: Strategy, own_fusions: bool = False) -> Strategy:
+def ours(strategy: Strategy, own_fusions: bool = False, pdl_trigger: str | None = None) -> Strategy:
     """The workbench's equivalent: concurrent streams need our stream-aware allocator; with
     ``own_fusions`` (``--ours-fusion all``) a config with llama.cpp's fusions on also runs the
-    workbench's own (norm-mat-vec, qkv-rope-store): our best against llama.cpp's best."""
+    workbench's own (norm-mat-vec, qkv-rope-store), and ``pdl_trigger`` (``--ours-pdl-trigger``)
+    moves our kernels' PDL launch signal where PDL is on: our best against llama.cpp's best."""
     if own_fusions and strategy.fusion:
         strategy = strategy.with_(fusion=strategy.fusion | frozenset(WORKBENCH_FUSIONS))
+    if pdl_trigger and strategy.pdl:
+        strategy = strategy.with_(pdl_trigger=pdl_trigger)
     return strategy.with_(allocator="stream-aware") if strategy.streams == "qkv" else strategy
 
 
@@ -234,8 +237,10 @@ class Bench:
             if self.llama_bench:
                 self.measure("llama-bench", dict(common, pair=pair), lambda: self.bench_tool(gguf, env))
         if not self.args.no_ours:
-            mine = ours(strategy, self.args.ours_fusion == "all")
+            mine = ours(strategy, self.args.ours_fusion == "all", self.args.ours_pdl_trigger)
             tag = {"ours_fusion": self.args.ours_fusion} if self.args.ours_fusion != "llamacpp" else {}
+            if mine.pdl and mine.pdl_trigger != strategy.pdl_trigger:
+                tag["ours_pdl_trigger"] = mine.pdl_trigger
             self.measure("cuda", dict(common, **tag), lambda: self.workbench(cfg, mine, ids, "cuda"))
             if rnd == 0:
                 self.measure("sim", dict(common, **tag), lambda: self.workbench(cfg, mine, ids, "sim"))
@@ -375,6 +380,9 @@ def summarize(recs: list[dict]) -> str:
                  "; with `--ours-fusion all`, ours and sim also run the workbench's own fusions "
                  f"({', '.join(WORKBENCH_FUSIONS)}) where fusion is on (the `strategy` column names llama.cpp's)"
                  if any(r.get("ours_fusion") == "all" for r in recs) else "")
+             + "".join(sorted({f"; with `--ours-pdl-trigger {r['ours_pdl_trigger']}`, ours and sim place their "
+                               f"kernels' PDL launch signal at `{r['ours_pdl_trigger']}` where PDL is on "
+                               "(llama.cpp keeps its own placement)" for r in recs if r.get("ours_pdl_trigger")}))
              + ". Written by `benchmarks/llamacpp_peer.py`.", ""]
     by: dict[tuple[str, str, str], list[float]] = {}
     ratios = pair_ratios(recs)
@@ -462,6 +470,9 @@ def main() -> int:
     p.add_argument("--no-ours", action="store_true", help="llama.cpp and llama-bench only")
     p.add_argument("--ours-fusion", default="llamacpp", choices=("llamacpp", "all"),
                    help="ours with llama.cpp's fusion set (default), or with the workbench's own fusions added")
+    p.add_argument("--ours-pdl-trigger", choices=PDL_TRIGGERS, default=None,
+                   help="ours (and sim) with their PDL launch signal at this position where PDL is on "
+                        "(default: the Strategy's, which maps llama.cpp's placement)")
     p.add_argument("--budget-s", type=float, default=float(os.environ.get("BUDGET_S", 1e9)))
     p.add_argument("--jsonl", default="out/llamacpp_peer.jsonl")
     p.add_argument("--md", help="markdown summary (default: the jsonl's name with .md)")

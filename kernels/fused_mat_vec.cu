@@ -65,6 +65,12 @@ __device__ __forceinline__ void reduce_pair(float& a, float& b, int splits) {
     }
 }
 
+// Row `row` of the gate and the up weights (a GLU's pair; no loads past N).
+__device__ __forceinline__ RowPair glu_pair(const TV& w, const TV& wu, int row, int N) {
+    const int r = row < N ? row : 0;
+    return {w.p + tv_row_off(w, w.n, r), wu.p + tv_row_off(wu, wu.n, r), row < N};
+}
+
 // RMS_NORM_MUL_MAT (GLU false: d = scale * (w @ (x * w_norm))) and RMS_NORM_MUL_MAT_GLU (GLU:
 // d = silu(scale * gate) * (scale * up)); w (and wu) rows on TV axes 0..2 as in k_mul_mat_vec_*.
 // grid = (blocks,), rows blockIdx.x * R + r * gridDim.x * R, R = MMV_WARPS / splits.
@@ -80,22 +86,22 @@ __device__ __forceinline__ void fmv_norm(TV d, TV w, TV wu, TV x, TV nw, float e
     const int N = tv_rows(w), K = w.n[3], nvec = K / VEC, step = 32 * splits, v = part * 32 + lane;
     int row = blockIdx.x * R + warp / splits;
     u32x4 cur[MMV_UNROLL] = {};
-    prefetch(w.p + tv_row_off(w, w.n, row < N ? row : 0), nvec, v, step, row < N, cur);  // weights
+    if (GLU) pair_prefetch(glu_pair(w, wu, row, N), nvec, v, step, cur);  // weights
+    else prefetch(w.p + tv_row_off(w, w.n, row < N ? row : 0), nvec, v, step, row < N, cur);
     PDL_WAIT(first_read);
     const float x0 = ldf_v(x.p, DT_F32);
     PDL_WAIT(late);
     const float scale = stage_x(x, nw, true, eps, K, x0, xs);
     for (int base = blockIdx.x * R; base < N; base += stride, row += stride) {
         const bool valid = row < N;
-        const int r = valid ? row : 0;
-        float g = valid ? row_dot<WDT>(w.p + tv_row_off(w, w.n, r), xs, nvec, v, step, cur) : 0.0f;
-        float u = 0.0f;
+        const int nxt = row + stride;  // the next round's first vectors are in flight over the reduction
+        float g, u = 0.0f;
         if (GLU) {
-            prefetch(wu.p + tv_row_off(wu, wu.n, r), nvec, v, step, valid, cur);
-            u = valid ? row_dot<WDT>(wu.p + tv_row_off(wu, wu.n, r), xs, nvec, v, step, cur) : 0.0f;
+            pair_dot<WDT>(glu_pair(w, wu, row, N), glu_pair(w, wu, nxt, N), xs, nvec, v, step, cur, g, u);
+        } else {
+            g = valid ? row_dot<WDT>(w.p + tv_row_off(w, w.n, row), xs, nvec, v, step, cur) : 0.0f;
+            prefetch(w.p + tv_row_off(w, w.n, nxt < N ? nxt : 0), nvec, v, step, nxt < N, cur);
         }
-        const int nxt = row + stride;  // the next round's first vectors, in flight over the reduction
-        prefetch(w.p + tv_row_off(w, w.n, nxt < N ? nxt : 0), nvec, v, step, nxt < N, cur);
         reduce_pair(g, u, splits);
         if (valid && lane == 0 && part == 0)
             stf(d.p + tv_off(d, d.n, row), d.dt, GLU ? silu_f(scale * g) * (scale * u) : scale * g);
@@ -196,6 +202,13 @@ __device__ __forceinline__ const char* qkv_row(const TV& wq, const TV& wk, const
     return wv.p + tv_row_off(wv, wv.n, row);
 }
 
+// The weight rows of rotation pair `item` (none past P).
+__device__ __forceinline__ RowPair qkv_rows(const TV& wq, const TV& wk, const TV& wv, int item, int P, int hd,
+                                            int n_rot, int hq, int hk) {
+    const QkvPair p = qkv_pair(item < P ? item : 0, hd, n_rot, hq, hk);
+    return {qkv_row(wq, wk, wv, p, hd, p.ra), qkv_row(wq, wk, wv, p, hd, p.rb), item < P};
+}
+
 // Element e of a cache row (row axis on TV axis 0, the row's elements on axes 1..3: rows_first).
 __device__ __forceinline__ char* cache_elem(const TV& c, i64 row, int e) {
     const int shape[4] = {1, c.n[1], c.n[2], c.n[3]};
@@ -222,10 +235,7 @@ __device__ __forceinline__ void fmv_qkv(TV q, TV kc, TV vc, TV wq, TV wk, TV wv,
     const int K = wq.n[3], nvec = K / VEC, step = 32 * splits, v = part * 32 + lane;
     int item = blockIdx.x * R + warp / splits;
     u32x4 cur[MMV_UNROLL] = {};
-    {
-        const QkvPair p = qkv_pair(item < P ? item : 0, hd, n_rot, hq, hk);
-        prefetch(qkv_row(wq, wk, wv, p, hd, p.ra), nvec, v, step, item < P, cur);  // weights
-    }
+    pair_prefetch(qkv_rows(wq, wk, wv, item, P, hd, n_rot, hq, hk), nvec, v, step, cur);  // weights
     PDL_WAIT(first_read);
     const float x0 = ldf_v(x.p, DT_F32);
     PDL_WAIT(late);
@@ -235,14 +245,9 @@ __device__ __forceinline__ void fmv_qkv(TV q, TV kc, TV vc, TV wq, TV wk, TV wv,
     for (int base = blockIdx.x * R; base < P; base += stride, item += stride) {
         const bool valid = item < P;
         const QkvPair p = qkv_pair(valid ? item : 0, hd, n_rot, hq, hk);
-        float a = valid ? row_dot<WDT>(qkv_row(wq, wk, wv, p, hd, p.ra), xs, nvec, v, step, cur) : 0.0f;
-        prefetch(qkv_row(wq, wk, wv, p, hd, p.rb), nvec, v, step, valid, cur);
-        float b = valid ? row_dot<WDT>(qkv_row(wq, wk, wv, p, hd, p.rb), xs, nvec, v, step, cur) : 0.0f;
-        const int nxt = item + stride;  // the next round's first vectors, in flight over the epilogue
-        {
-            const QkvPair pn = qkv_pair(nxt < P ? nxt : 0, hd, n_rot, hq, hk);
-            prefetch(qkv_row(wq, wk, wv, pn, hd, pn.ra), nvec, v, step, nxt < P, cur);
-        }
+        float a, b;  // the next round's first vectors are in flight over the epilogue
+        pair_dot<WDT>(qkv_rows(wq, wk, wv, item, P, hd, n_rot, hq, hk),
+                      qkv_rows(wq, wk, wv, item + stride, P, hd, n_rot, hq, hk), xs, nvec, v, step, cur, a, b);
         reduce_pair(a, b, splits);
         if (valid && lane == 0 && part == 0) {
             a *= scale;

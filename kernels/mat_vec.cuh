@@ -90,6 +90,65 @@ __device__ __forceinline__ void prefetch(const char* wr, int nvec, int v, int st
 }
 
 
+// A pair of weight rows (a, b: GLU's gate and up rows, a rotation pair of Q/K/V rows) dotted with
+// one x as one pipelined sequence per lane: J items of row a then J of row b (vectors v, v + step,
+// ... < nvec; J padded so that 2 J is a multiple of MMV_UNROLL), MMV_UNROLL loads in flight. Row
+// b's first loads are issued while row a's last are consumed, and the loads that run past the
+// pair fetch the next pair's first vectors, so the pipeline drains neither between the two rows
+// nor between a warp's pairs (each drain costs a DRAM round trip per pair).
+struct RowPair {
+    const char* a;
+    const char* b;
+    bool ok;  // false: the warp has no pair here (nothing is loaded)
+};
+
+__device__ __forceinline__ int pair_len(int nvec, int step) {
+    constexpr int H = MMV_UNROLL > 1 ? MMV_UNROLL / 2 : 1;
+    const int J = (nvec + step - 1) / step;
+    return (J + H - 1) / H * H;
+}
+
+__device__ __forceinline__ void pair_load(const RowPair& p, int J, int nvec, int v, int step, int t, u32x4& slot) {
+    const int idx = v + (t < J ? t : t - J) * step;
+    if (p.ok && idx < nvec) slot = ld_stream((t < J ? p.a : p.b) + (i64)idx * 16);
+}
+
+// Issue the pair's first MMV_UNROLL items into cur (the weights only: before the PDL wait).
+__device__ __forceinline__ void pair_prefetch(const RowPair& p, int nvec, int v, int step, u32x4 (&cur)[MMV_UNROLL]) {
+    const int J = pair_len(nvec, step);
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) pair_load(p, J, nvec, v, step, u, cur[u]);
+}
+
+// The lane's partial dots (a, b) of pair p with x (16-byte aligned); cur holds p's first items on
+// entry (pair_prefetch or the previous call) and the next pair's on return.
+template <int WDT>
+__device__ __forceinline__ void pair_dot(const RowPair& p, const RowPair& next, const float* x, int nvec, int v,
+                                         int step, u32x4 (&cur)[MMV_UNROLL], float& a, float& b) {
+    constexpr int VEC = WDT == DT_F32 ? 4 : 8;
+    const int J = pair_len(nvec, step), T = 2 * J;
+    a = b = 0.0f;
+    for (int t0 = 0; t0 < T; t0 += MMV_UNROLL) {
+        u32x4 nxt[MMV_UNROLL] = {};
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            const int t = t0 + MMV_UNROLL + u;
+            if (t < T) pair_load(p, J, nvec, v, step, t, nxt[u]);
+            else pair_load(next, J, nvec, v, step, t - T, nxt[u]);
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) {
+            const int t = t0 + u, idx = v + (t < J ? t : t - J) * step;
+            if (p.ok && idx < nvec) {
+                const float s = dot16<WDT>(cur[u], x + (i64)idx * VEC, 0.0f);
+                if (t < J) a += s; else b += s;
+            }
+        }
+#pragma unroll
+        for (int u = 0; u < MMV_UNROLL; ++u) cur[u] = nxt[u];
+    }
+}
+
 // The row-streaming loop for tall matrices: warp gw of W owns rows r = gw, gw + W, ... (at most
 // rows_per_warp, W = warps in the grid, about one resident wave) and streams all their 16-byte
 // vectors as one pipelined sequence of U in flight (item t = row t / J, vector lane + 32 * (t % J)),

@@ -190,6 +190,19 @@ def test_full_size_llama_binds_the_fused_kernels():
                      "result_output": "k_mul_mat_vec_rows_f16_norm"}
 
 
+def test_fused_splits_keep_the_grid_to_few_even_rounds():
+    """Warps per item of the fused mat-vecs: llama-3.1-8b's gate/up rows (14336 of 512 vectors)
+    take 2 warps a row, whose 7 rounds of FMV_MAX_BLOCKS leave less of the last one idle than one
+    warp's 4 (3.4 used); llama-3.2-1b's (8192 of 256) one warp, 2 even rounds. Q/K/V rotation
+    pairs take one warp while they fit one round (1536 and 3072 pairs), more past it."""
+    assert cuda_ops.fused_splits(14336, 512) == 2
+    assert cuda_ops.fused_splits(8192, 256) == 1
+    assert cuda_ops.fused_splits(1, 8) == 1
+    assert cuda_ops.qkv_splits(1536, 256) == cuda_ops.qkv_splits(3072, 512) == 1
+    one_round = cuda_ops.FMV_MAX_BLOCKS * cuda_ops.MMV_WARPS
+    assert cuda_ops.qkv_splits(one_round + 1, 512) == cuda_ops.fused_splits(one_round + 1, 512) > 1
+
+
 def test_simulator_costs_the_fused_kernels_below_their_parts():
     """Each fused node takes the block mat-vec's measured fit (its kernel without the fusion's
     suffix) plus the staging prologue, and costs less than the nodes it replaced: one fixed part

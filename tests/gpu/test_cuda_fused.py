@@ -241,6 +241,12 @@ CASES = {
                          "k_mul_mat_vec_f16_glu_norm"),
     "norm-mat-vec-glu-tall": ("norm-mat-vec", lambda: _norm_mat_vec("bf16", 8192, 512, glu=True),
                               "k_mul_mat_vec_bf16_glu_norm"),
+    # 2 warps a row over 3 rounds (cuda_ops.fused_splits); K = 2880 (gpt-oss): rows of 360 vectors,
+    # a lane's last vector of a row past K
+    "norm-mat-vec-glu-rounds": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 6000, 1024, glu=True),
+                                "k_mul_mat_vec_f16_glu_norm"),
+    "norm-mat-vec-glu-k2880": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 384, 2880, glu=True),
+                               "k_mul_mat_vec_f16_glu_norm"),
     **{f"qkv-rope-store-{dt}": ("qkv-rope-store", lambda dt=dt: _qkv(dt, 64), f"k_mul_mat_vec_{dt}_qkv_rope")
        for dt in ("f16", "bf16", "f32")},
     "qkv-rope-store-partial-bf16-cache": ("qkv-rope-store", lambda: _qkv("f16", 32, "bf16"),

@@ -565,11 +565,30 @@ def _mul_mat_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 FMV_MAX_BLOCKS = 4 * 132
 
 
-def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, rows: int
+def fused_splits(items: int, nvec: int) -> int:
+    """Warps per item (a row, or a row pair of the GLU and Q/K/V kernels) of a fused mat-vec:
+    of 1, 2 and 4, the one whose warps' load chain is shortest, the grid's rounds (items over
+    FMV_MAX_BLOCKS blocks) times a lane's vectors of a row; the fewer warps on a tie: a grid of
+    3.4 rounds (llama-3.1-8b's gate/up rows at one warp a row) leaves most of its last round idle
+    (``data/bench/fused_splits_h200.md``)."""
+    def chain(s: int) -> int:
+        return ceil(ceil(items / (MMV_WARPS // s)) / FMV_MAX_BLOCKS) * ceil(nvec / (32 * s))
+    return min((1, 2, 4), key=chain)
+
+
+def qkv_splits(pairs: int, nvec: int) -> int:
+    """Warps per rotation pair of the Q/K/V kernel: one while the pairs fit one round of the grid
+    (its epilogue, RoPE and three stores, is dearer than the block reduction it would share), else
+    fused_splits. Measured on an H200 (``data/bench/fused_splits_h200.md``): one warp beats two and
+    four at llama-3.2-1b's and llama-3.1-8b's shapes."""
+    return 1 if pairs <= FMV_MAX_BLOCKS * MMV_WARPS else fused_splits(pairs, nvec)
+
+
+def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, items: int
                     ) -> tuple[tuple[Arg, ...], Arg, int]:
     """Weight args, the activation arg and splits of a fused mat-vec (kernels/fused_mat_vec.cu)
-    of ``rows`` output rows, whose layout the rewrite (strategy/fusion_ours.py) promised: rows of
-    16-byte vectors of one dtype and K, one contiguous f32 row x of K <= FUSED_MAX_K."""
+    of ``items`` rows (row pairs), whose layout the rewrite (strategy/fusion_ours.py) promised:
+    rows of 16-byte vectors of one dtype and K, one contiguous f32 row x of K <= FUSED_MAX_K."""
     from ..strategy.fusion_ours import FUSED_MAX_K
 
     K = mats[0].shape[-1]
@@ -582,7 +601,7 @@ def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, row
         raise BindError(f"{node.name}: {node.op} takes 16-byte-aligned f16/bf16/f32 weight rows of one K "
                         f"(<= {FUSED_MAX_K}) and one contiguous f32 row x; got "
                         f"{', '.join(w.describe() for w in mats)} and {x.describe()}")
-    return ws, xa, _mmv_splits(rows, 1, K // vec)
+    return ws, xa, (qkv_splits if node.op == "QKV_ROPE_SET_ROWS" else fused_splits)(items, K // vec)
 
 
 def _fused_grid(items: int, splits: int) -> tuple[int]:
@@ -627,7 +646,7 @@ def _qkv_rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     hd, n_rot = int(node.params["head_dim"]), int(node.params["n_rot"])
     K = wq.shape[-1]
     nq, nk, nv = (w.numel // K for w in (wq, wk, wv))
-    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x, nq + nk + nv)
+    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x, (nq + nk + nv) // 2)
     if (hd % 2 or n_rot % 2 or not 0 < n_rot <= hd or nq % hd or nk % hd or nv % hd or q.numel != nq
             or idx.numel != 1 or any(c.numel // c.shape[0] != n for c, n in ((kc, nk), (vc, nv)))):
         raise BindError(f"{node.name}: heads of {hd} (n_rot {n_rot}) over q {nq}, k {nk}, v {nv} rows into "
