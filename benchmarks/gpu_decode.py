@@ -17,8 +17,9 @@
 
 Usage: ``python benchmarks/gpu_decode.py [--models llama-3.2-1b,llama-3.1-8b] [--peers torch]
 [--ours stack|best] [--runs 10] [--tokens 64] [--out data/bench/gpu_decode.json]``.
-``--ours best --skip next,alone,kernels`` times only our two best stacked strategies (llama.cpp's
-fusion set, and with the workbench's own fusions on top) beside the
+``--ours best --skip next,alone,kernels`` times only our three best stacked strategies (llama.cpp's
+fusion set, with the workbench's own fusions on top, and with PDL's launch signal moved after the
+main loop) beside the
 peers (the quick comparison). Weights are drawn on the GPU (``CudaExecutor(weights="device")``),
 PyTorch reads the very same device buffers.
 """
@@ -68,8 +69,9 @@ def stack() -> list[tuple[str, Strategy]]:
     s5 = s4.with_(fusion=FUSED)
     s6 = s4.with_(fusion=frozenset(FUSIONS) - frozenset(WORKBENCH_FUSIONS))
     s7 = s4.with_(fusion=frozenset(FUSIONS))
+    s8 = s7.with_(pdl_trigger="after-main-loop")  # data/bench/pdl_placement_h200.md
     return [("default", s0), ("graphs", s1), ("+pdl", s2), ("+qkv", s3), ("+implicit", s4), ("+fusions", s5),
-            ("+llama.cpp fusions", s6), ("+ours", s7)]
+            ("+llama.cpp fusions", s6), ("+ours", s7), ("+PDL signal after the main loop", s8)]
 
 
 def alone() -> list[tuple[str, Strategy]]:
@@ -351,7 +353,7 @@ def bench_llama(cp, name: str, args, skip: set[str], peers: set[str], bw: float,
     t0 = time.time()
     base = CudaExecutor(cfg, Strategy(), weights="device")
     print(f"{cfg.name} weights on the GPU in {time.time() - t0:.1f} s", flush=True)
-    ours = stack() if args.ours == "stack" else stack()[-2:]
+    ours = stack() if args.ours == "stack" else stack()[-3:]
     rows: dict = result.setdefault(cfg.name, {})
     info: dict = result.setdefault("per_model", {}).setdefault(cfg.name, {})
     for label, st in ours + ([] if "alone" in skip or args.ours != "stack" else alone()):
@@ -421,7 +423,7 @@ def main(argv=None) -> int:
                     help="comma list of llama-family presets to time (ours and the peers)")
     ap.add_argument("--peers", default="torch", help=f"comma list of peers to time beside ours: {', '.join(PEERS)}")
     ap.add_argument("--ours", choices=("stack", "best"), default="stack",
-                    help="our strategies: every stacked knob (and each alone), or only the best two stacked")
+                    help="our strategies: every stacked knob (and each alone), or only the best three stacked")
     ap.add_argument("--torch-mode", default="max-autotune-no-cudagraphs",
                     help="torch.compile mode of the peer (then captured in one CUDA graph by hand)")
     ap.add_argument("--next-layers", type=int, default=8)
