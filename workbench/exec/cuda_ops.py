@@ -584,11 +584,12 @@ def qkv_splits(pairs: int, nvec: int) -> int:
     return 1 if pairs <= FMV_MAX_BLOCKS * MMV_WARPS else fused_splits(pairs, nvec)
 
 
-def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, items: int
-                    ) -> tuple[tuple[Arg, ...], Arg, int]:
-    """Weight args, the activation arg and splits of a fused mat-vec (kernels/fused_mat_vec.cu)
-    of ``items`` rows (row pairs), whose layout the rewrite (strategy/fusion_ours.py) promised:
-    rows of 16-byte vectors of one dtype and K, one contiguous f32 row x of K <= FUSED_MAX_K."""
+def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, items: int,
+                    splits_rule: Callable[[int, int], int]) -> tuple[tuple[Arg, ...], Arg, int]:
+    """Weight args, the activation arg and splits (``splits_rule(items, vectors a row)``) of a
+    fused mat-vec (kernels/fused_mat_vec.cu) of ``items`` rows (row pairs), whose layout the
+    rewrite (strategy/fusion_ours.py) promised: rows of 16-byte vectors of one dtype and K, one
+    contiguous f32 row x of K <= FUSED_MAX_K."""
     from ..strategy.fusion_ours import FUSED_MAX_K
 
     K = mats[0].shape[-1]
@@ -601,7 +602,7 @@ def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, ite
         raise BindError(f"{node.name}: {node.op} takes 16-byte-aligned f16/bf16/f32 weight rows of one K "
                         f"(<= {FUSED_MAX_K}) and one contiguous f32 row x; got "
                         f"{', '.join(w.describe() for w in mats)} and {x.describe()}")
-    return ws, xa, (qkv_splits if node.op == "QKV_ROPE_SET_ROWS" else fused_splits)(items, K // vec)
+    return ws, xa, splits_rule(items, K // vec)
 
 
 def _fused_grid(items: int, splits: int) -> tuple[int]:
@@ -625,7 +626,7 @@ def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     mats, x = node.srcs[: 2 if glu else 1], node.srcs[-2]
     d = node.dst
     K, N = mats[0].shape[-1], mats[0].numel // mats[0].shape[-1]
-    ws, xa, splits = _fused_operands(node, addr, mats, x, N)
+    ws, xa, splits = _fused_operands(node, addr, mats, x, N, fused_splits)
     if d.numel != N or (glu and (mats[1].shape != mats[0].shape or node.params.get("glu", "swiglu") != "swiglu")):
         raise BindError(f"{node.name}: {node.op} of {[w.shape for w in mats]} does not fill {d.shape}")
     args = (arg(d, addr), *ws, xa, _norm_weight(node, addr, K), f32(node.params["eps"]))
@@ -646,7 +647,7 @@ def _qkv_rope_set_rows(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     hd, n_rot = int(node.params["head_dim"]), int(node.params["n_rot"])
     K = wq.shape[-1]
     nq, nk, nv = (w.numel // K for w in (wq, wk, wv))
-    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x, (nq + nk + nv) // 2)
+    ws, xa, splits = _fused_operands(node, addr, (wq, wk, wv), x, (nq + nk + nv) // 2, qkv_splits)
     if (hd % 2 or n_rot % 2 or not 0 < n_rot <= hd or nq % hd or nk % hd or nv % hd or q.numel != nq
             or idx.numel != 1 or any(c.numel // c.shape[0] != n for c, n in ((kc, nk), (vc, nv)))):
         raise BindError(f"{node.name}: heads of {hd} (n_rot {n_rot}) over q {nq}, k {nk}, v {nv} rows into "
