@@ -41,22 +41,27 @@ import numpy as np
 import pandas as pd
 
 from workbench.exec.calibrate.specs import ModelSpec
-from workbench.strategy import Strategy
+from workbench.strategy import FUSIONS, Strategy
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "benchmarks"))  # llamacpp_peer's CONFIGS and STEPS (--target llamacpp)
 
-#: (spec, family (HF model_type), held out from calibration?): full size, or 8 layers where the
-#: whole model would not fit the stage's time (``workbench calibrate`` measured llama, qwen3_moe
-#: and qwen3_next shapes; qwen3 dense and gpt-oss never)
+#: (spec, family (HF model_type), held out from calibration?): full size, but qwen3-next at 16 of
+#: its 48 layers (a third: the whole model is 160 GB in f16); ``workbench calibrate`` measures llama, qwen3_moe
+#: and qwen3_next shapes, qwen3 dense and gpt-oss never. A measured file's cells keep their own
+#: layers (files before 2026-11-25 hold the MoE models at 8 layers)
 MODELS: tuple[tuple[ModelSpec, str, bool], ...] = (
     (ModelSpec("llama-3.2-1b", None, 512, 448), "llama", False),
-    (ModelSpec("qwen3-next-80b-a3b", 8, 512, 448), "qwen3_next", False),
+    (ModelSpec("qwen3-next-80b-a3b", 16, 512, 448), "qwen3_next", False),  # 48 layers: 160 GB in f16
     (ModelSpec("llama-3.1-8b", None, 1024, 600), "llama", False),
     (ModelSpec("qwen3-8b", None, 512, 448), "qwen3", True),
-    (ModelSpec("qwen3-30b-a3b", 8, 512, 448), "qwen3_moe", False),
-    (ModelSpec("gpt-oss-20b", 8, 512, 448), "gpt_oss", True),
+    (ModelSpec("qwen3-30b-a3b", None, 512, 448), "qwen3_moe", False),
+    (ModelSpec("gpt-oss-20b", None, 512, 448), "gpt_oss", True),
 )
+ALL_FUSIONS = frozenset(FUSIONS)
+#: the Strategy ``best`` stands for: every knob at its fastest on an H200 (data/bench/pdl_placement_h200.md)
+BEST = Strategy(graphs=True, pdl=True, pdl_trigger="after-main-loop", streams="qkv", sync="implicit",
+                allocator="stream-aware", fusion=ALL_FUSIONS)
 
 STRATEGIES: dict[str, Strategy] = {
     "eager": Strategy(),
@@ -68,7 +73,14 @@ STRATEGIES: dict[str, Strategy] = {
     "graphs+qkv": Strategy(graphs=True, streams="qkv"),
     "graphs+pdl+qkv+implicit": Strategy(graphs=True, pdl=True, streams="qkv", sync="implicit"),
     "graphs+implicit+copy-elim": Strategy(graphs=True, sync="implicit", fusion=frozenset({"copy-elim"})),
+    "graphs+fusion": Strategy(graphs=True, fusion=ALL_FUSIONS),
+    "graphs+fusion+pdl": Strategy(graphs=True, pdl=True, fusion=ALL_FUSIONS),
+    "graphs+fusion+pdl(after-main-loop)": Strategy(graphs=True, pdl=True, pdl_trigger="after-main-loop",
+                                                   fusion=ALL_FUSIONS),
+    "best": BEST,
 }
+#: a measured cell's ``strategy`` (``Strategy.label()``) -> its name here
+BY_LABEL = {st.label(): name for name, st in STRATEGIES.items()}
 #: models where a strategy changes nothing measurable are skipped (copy-elim only rewrites the
 #: GDN state copies of qwen3-next)
 ONLY = {"graphs+implicit+copy-elim": {"qwen3-next-80b-a3b"}}
@@ -83,6 +95,10 @@ KNOBS: dict[str, tuple[str, str]] = {
     "qkv streams": ("graphs", "graphs+qkv"),
     "copy-elim": ("graphs+implicit", "graphs+implicit+copy-elim"),
     "all four (vs eager)": ("eager", "graphs+pdl+qkv+implicit"),
+    "fusion (graphs)": ("graphs", "graphs+fusion"),
+    "pdl, signal at start (fused)": ("graphs+fusion", "graphs+fusion+pdl"),
+    "pdl, signal after main loop (fused)": ("graphs+fusion", "graphs+fusion+pdl(after-main-loop)"),
+    "best (vs eager)": ("eager", "best"),
 }
 
 
@@ -112,7 +128,8 @@ def predict(rows: pd.DataFrame | Mapping[str, Any], cal) -> pd.DataFrame:
             raise ValueError("sim_fidelity.predict: a measured dict needs its 'rows' (the older JSON of `measure`); "
                              "for JSON lines of benchmarks/decode_matrix.py pass read_matrix(path)[1]")
         rows = pd.DataFrame(rows["rows"])
-    df = rows[rows["strategy"].isin(list(STRATEGIES))].reset_index(drop=True)
+    df = rows.assign(strategy=rows["strategy"].map(lambda label: BY_LABEL.get(label, label)))
+    df = df[df["strategy"].isin(list(STRATEGIES))].reset_index(drop=True)
     # the split follows MODELS (which families `workbench calibrate` measured), not the flag
     # recorded when the matrix was measured
     held = {fam: h for _, fam, h in MODELS}

@@ -5,6 +5,7 @@ that calibration's parameters back."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import numpy as np
 import pytest
@@ -14,8 +15,10 @@ from workbench.exec.calibrate.fit import fit
 from workbench.exec.calibrate.kernel_fit import fit_kernels
 from workbench.exec.calibrate.specs import CALIBRATION_STRATEGIES, ModelSpec
 from workbench.exec.calibrate.tables import trace_tables
-from workbench.exec.calibration import CALIBRATION_DIR, load_calibration, parse_calibration
+from workbench.exec.calibration import CALIBRATION_DIR, FamilyCost, load_calibration, parse_calibration
+from workbench.exec.cost import STAGED_OPS
 
+EARLY = 1.4
 SPECS = (ModelSpec("llama-3.2-1b", 1, 512), ModelSpec("llama-3.1-8b", 2, 2048, 1800))
 
 #: a datasheet-era calibration (no measured families or ops): the base these tests build on
@@ -73,6 +76,9 @@ def _host_ops_of(trace) -> list[dict]:
 @pytest.fixture(scope="module", params=["cupti-periods", "host-clock"])
 def round_trip(request) -> tuple[dict, object]:
     cal = load_calibration(path=DATASHEET_H100)
+    # one fit with an early-launch scale: a fused Q/K/V kernel PDL starts early runs 1.4x its work
+    staged = cal.kernel_fixed_ns + cal.dram_latency_ns  # its prologue (cost.prologue_ns) is in its own fit
+    cal = replace(cal, ops={"QKV_ROPE_SET_ROWS": FamilyCost(staged, 1.0, early_scale=EARLY)})
     runs = []
     for spec in SPECS:
         for label, st in CALIBRATION_STRATEGIES.items():
@@ -114,9 +120,24 @@ def test_fit_gives_the_simulators_device_costs_back(round_trip) -> None:
         assert fc["fixed_ns"] == pytest.approx(cal.kernel_fixed_ns, rel=0.02), fam
     # and so does each op's fit, and each fit of an op on one of its executor kernels
     assert {"MUL_MAT", "RMS_NORM", "FLASH_ATTN_EXT", "MUL_MAT/k_mul_mat_vec_rows_f16"} <= set(out["ops"])
+    # (a fused kernel that stages its activation: plus the prologue the simulator charges it)
     for op, fc in out["ops"].items():
+        staged = op.split("/")[0] in STAGED_OPS
         assert fc["work_scale"] == pytest.approx(1.0, rel=0.02), op
-        assert fc["fixed_ns"] == pytest.approx(cal.kernel_fixed_ns, rel=0.02), op
+        assert fc["fixed_ns"] == pytest.approx(cal.kernel_fixed_ns + staged * cal.dram_latency_ns, rel=0.02), op
+    assert {"RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS", "MUL_MAT_ADD"} <= set(out["ops"])  # the fused run's
+
+
+def test_fit_gives_the_early_launch_scale_back(round_trip) -> None:
+    """The one fit the simulator ran with an early-launch scale gets it back; no other gets one."""
+    out, _ = round_trip
+    scaled = {op: (fc["early_ns"], fc["early_scale"]) for op, fc in out["ops"].items() if "early_scale" in fc}
+    assert scaled == {"QKV_ROPE_SET_ROWS": (pytest.approx(0, abs=100), pytest.approx(EARLY, rel=0.05))}
+    assert "launched early" in out["sources"]["ops.QKV_ROPE_SET_ROWS.early_scale"]
+    bad = json.loads(json.dumps(out))
+    bad["ops"]["QKV_ROPE_SET_ROWS"]["early_scale"] = 0.5
+    with pytest.raises(ValueError, match="early_scale must be within"):
+        parse_calibration(bad, "bad")
 
 
 def test_fitted_file_loads_with_a_source_for_every_field(round_trip) -> None:
@@ -158,3 +179,18 @@ def test_a_spec_reads_back_from_raw_table_columns_with_missing_values() -> None:
     """Raw tables store a spec's layers and context as floats, NaN where the preset's default was used."""
     assert ModelSpec.from_columns("llama-3.2-1b", float("nan"), 512.0, 0) == ModelSpec("llama-3.2-1b", None, 512)
     assert ModelSpec.from_columns("llama-3.1-8b", 2.0, 2048.0, 1800.0) == SPECS[1]
+
+
+def test_early_launch_fit_takes_a_line_a_constant_or_a_scale() -> None:
+    """``extra ~ early_ns + (early_scale - 1) x work``, neither part negative: a line where the
+    work varies, a constant where the slope comes out negative, a scale where one size is seen."""
+    from workbench.exec.calibrate.kernel_fit import fit_early
+
+    w = np.array([3000.0, 12000.0, 18000.0, 250000.0])
+    f = fit_early(w, 500 + 0.2 * w)
+    assert f.early_ns == pytest.approx(500) and f.early_scale == pytest.approx(1.2) and f.nodes == 4
+    assert f.median_extra_ns == pytest.approx(500 + 0.2 * np.median(w))
+    f = fit_early(np.array([3000.0, 12000.0]), np.array([2700.0, 2100.0]))  # the Q/K/V kernel's shape
+    assert f.early_scale == 1.0 and f.early_ns == pytest.approx(2400) and "negative" in f.how
+    f = fit_early(np.array([5000.0, 5000.0]), np.array([1000.0, 1000.0]))
+    assert f.early_ns == 0 and f.early_scale == pytest.approx(1.2) and "one size" in f.how

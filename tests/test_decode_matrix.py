@@ -85,8 +85,8 @@ def test_stage_matrix_is_the_union_of_both_reports(bench) -> None:
     for m in models:
         labels = [st.label() for st in m.strategies]
         assert len(labels) == len(set(labels))
-        want = {label for label in sim_fidelity.STRATEGIES
-                if label not in sim_fidelity.ONLY or m.spec.model in sim_fidelity.ONLY[label]}
+        want = {st.label() for name, st in sim_fidelity.STRATEGIES.items()
+                if name not in sim_fidelity.ONLY or m.spec.model in sim_fidelity.ONLY[name]}
         assert want | {"eager"} | {st.label() for st in eager_knobs.KNOBS.values()} == set(labels)
     # both held-out families stay in the matrix (the fidelity report's held-out policy)
     assert {fam for _, fam, held in sim_fidelity.MODELS if held} == {"qwen3", "gpt_oss"}

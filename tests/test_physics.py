@@ -186,7 +186,8 @@ def test_eager_event_wait_costs_the_eager_gap() -> None:
 
     cfg = load_config("llama-3.2-1b", layers=2)
     cal = load_calibration("h200")
-    near, far = (replace(cal, eager_event_gap_ns=v, eager_channel_switch_ns=0.0) for v in (0.0, 5000.0))
+    fast = replace(cal, host=replace(cal.host, launch_ns=FAST_LAUNCH_NS))  # the device, not the host, paces it
+    near, far = (replace(fast, eager_event_gap_ns=v, eager_channel_switch_ns=0.0) for v in (0.0, 5000.0))
     qkv = Strategy(streams="qkv", sync="boundary")
     assert _us(cfg, qkv, far) > _us(cfg, qkv, near) + 5000 / 1e3  # at least one join per token waits it
     assert cal.eager_event_gap == cal.eager_gap_ns  # absent from the file: the eager launch gap
@@ -259,6 +260,11 @@ def test_eager_pdl_early_start_waits_for_the_eager_front_end() -> None:
     assert _us(cfg, graphs, late) == _us(cfg, graphs, early)
 
 
+#: a host launch cost well under the calibration models' kernels (the tests whose effect is on the
+#: device: with the H200's measured ~4.7 us per Python launch, llama-3.2-1b's eager step is host-bound)
+FAST_LAUNCH_NS = 1500.0
+
+
 def _synthetic_matrix(path, truth, shapes) -> None:
     """A measured file of the interleaved stage, written by the simulator under ``truth``."""
     import json
@@ -288,10 +294,14 @@ def test_fit_eager_recovers_both_parameters_from_a_measured_matrix(tmp_path) -> 
     from dataclasses import replace
     from pathlib import Path
 
+    from workbench.exec.calibration import parse_calibration
     from workbench.exec.fit_eager import fit
 
     base = json.loads((Path(__file__).resolve().parents[1] / "data/calibration/h200.json").read_text())
-    truth = replace(load_calibration("h200"), eager_pdl_release_ns=300.0, eager_channel_switch_ns=1200.0)
+    # a host that launches faster than the device runs: the device-side parameters show in us/token
+    base["host_profiles"]["python"].update(launch_ns=FAST_LAUNCH_NS, launch_pdl_ns=FAST_LAUNCH_NS)
+    truth = replace(parse_calibration(base, "h200 with a fast host"), eager_pdl_release_ns=300.0,
+                    eager_channel_switch_ns=1200.0)
     path = tmp_path / "m.jsonl"
     _synthetic_matrix(path, truth, [("llama-3.2-1b", 2, 512, 0), ("qwen3-next-80b-a3b", 2, 512, 0)])
     out = fit(None, base, log=lambda s: None, measured=path)
@@ -307,3 +317,19 @@ def test_fit_eager_recovers_both_parameters_from_a_measured_matrix(tmp_path) -> 
     rms = float(re.search(r"rms ([0-9.]+) pp", bad["sources"]["device.eager_pdl_release_ns"]).group(1))
     assert rms > 2.0
 
+
+
+def test_an_early_launch_slows_only_what_a_start_signal_admits_early() -> None:
+    """The early-launch terms (``FamilyCost.early_ns`` / ``early_scale``) lengthen a kernel only
+    when PDL admits it while its predecessor, signalling at its start, still runs: the same
+    Strategy with the signal after the main loop is untouched by them."""
+    from dataclasses import replace
+
+    cfg = load_config("llama-3.1-8b", layers=2)
+    cal = load_calibration("h200")
+    assert any(fc.early_scale > 1 or fc.early_ns > 0 for fc in cal.ops.values())  # the shipped fit has them
+    none = replace(cal, ops={k: replace(fc, early_ns=0.0, early_scale=1.0) for k, fc in cal.ops.items()})
+    start = Strategy(graphs=True, pdl=True, fusion=frozenset(FUSIONS))
+    late = start.with_(pdl_trigger="after-main-loop")
+    assert _us(cfg, start, cal) > _us(cfg, start, none) + 10  # us per token: the fused Q/K/V and mat-vecs
+    assert _us(cfg, late, cal) == pytest.approx(_us(cfg, late, none), abs=1e-6)

@@ -59,11 +59,16 @@ class FamilyCost:
     calibrate``): such a kernel takes ``fixed_ns + work_scale x roofline`` alone on an idle GPU,
     plus ``row_ns`` per output row where the fit has one (a mat-vec's rows, ``cost.mat_vec_rows``:
     each row's block ends in a reduction and a tail no streaming hides, so narrow rows reach a
-    lower share of DRAM bandwidth than wide ones at the same bytes; optional, absent = 0)."""
+    lower share of DRAM bandwidth than wide ones at the same bytes; optional, absent = 0), and
+    ``early_ns`` + ``early_scale``: what its work becomes when PDL launches it while its
+    predecessor's main loop still runs, ``early_ns + early_scale x work``
+    (``cost.KernelCost.early_ns``; optional, absent = 0 and 1)."""
 
     fixed_ns: float
     work_scale: float
     row_ns: float = 0.0
+    early_scale: float = 1.0
+    early_ns: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -190,8 +195,8 @@ _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                                     "ops", "executor", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns"}
-_FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]
-_OPTIONAL_FAMILY_FIELDS = {"row_ns"}
+FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]  # a fit's fields, the optional ones included
+_OPTIONAL_FAMILY_FIELDS = {"row_ns", "early_scale", "early_ns"}
 
 
 def known_gpus(directory: Path = CALIBRATION_DIR) -> list[str]:
@@ -231,19 +236,19 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
         _check_keys(origin, f"host_profiles.{name}", prof, _HOST_FIELDS, _OPTIONAL_HOST_FIELDS)
     families = data.get("families", {})
     for fam, fc in families.items():
-        _check_keys(origin, f"families.{fam}", fc, _FAMILY_FIELDS, _OPTIONAL_FAMILY_FIELDS)
+        _check_keys(origin, f"families.{fam}", fc, FAMILY_FIELDS, _OPTIONAL_FAMILY_FIELDS)
     ops = data.get("ops", {})
     unknown = sorted(k for k in ops if k.split("/", 1)[0] not in OPS or k.endswith("/"))
     if unknown:
         raise CalibrationError(f"{origin}: ops section names unknown ggml op(s) {unknown}: a key is a ggml op "
                                f"or op/kernel (the cuda executor's kernel for it); known ops: {', '.join(sorted(OPS))}")
     for op, oc in ops.items():
-        _check_keys(origin, f"ops.{op}", oc, _FAMILY_FIELDS, _OPTIONAL_FAMILY_FIELDS)
+        _check_keys(origin, f"ops.{op}", oc, FAMILY_FIELDS, _OPTIONAL_FAMILY_FIELDS)
     expected = {f"device.{k}" for k in (*_DEVICE_FIELDS, *(k for k in _OPTIONAL_DEVICE_FIELDS if k in device))}
     expected |= {f"host_profiles.{n}.{k}" for n, prof in profiles.items() for k in _HOST_FIELDS
                  if k in prof or k not in _OPTIONAL_HOST_FIELDS}
-    expected |= {f"families.{fam}.{k}" for fam, fc in families.items() for k in _FAMILY_FIELDS if k in fc}
-    expected |= {f"ops.{op}.{k}" for op, oc in ops.items() for k in _FAMILY_FIELDS if k in oc}
+    expected |= {f"families.{fam}.{k}" for fam, fc in families.items() for k in FAMILY_FIELDS if k in fc}
+    expected |= {f"ops.{op}.{k}" for op, oc in ops.items() for k in FAMILY_FIELDS if k in oc}
     missing = sorted(expected - set(sources))
     if missing:
         raise CalibrationError(f"{origin}: field(s) without a source: {missing}; every number needs "
@@ -279,11 +284,16 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     if dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"] > dev["kernel_fixed_ns"]:
         raise CalibrationError(f"{origin}: pdl_prologue_ns + pdl_first_read_setup_ns must not exceed kernel_fixed_ns")
 
-    fam_costs = {fam: FamilyCost(**{k: _number(origin, f"families.{fam}.{k}", fc[k]) for k in _FAMILY_FIELDS
+    fam_costs = {fam: FamilyCost(**{k: _number(origin, f"families.{fam}.{k}", fc[k]) for k in FAMILY_FIELDS
                                    if k in fc})
                  for fam, fc in families.items()}
-    op_costs = {op: FamilyCost(**{k: _number(origin, f"ops.{op}.{k}", oc[k]) for k in _FAMILY_FIELDS if k in oc})
+    op_costs = {op: FamilyCost(**{k: _number(origin, f"ops.{op}.{k}", oc[k]) for k in FAMILY_FIELDS if k in oc})
                 for op, oc in ops.items()}
+    bad = [f"{sec}.{k}" for sec, costs in (("families", fam_costs), ("ops", op_costs))
+           for k, c in costs.items() if not (1.0 <= c.early_scale <= 4.0 and c.early_ns >= 0)]
+    if bad:
+        raise CalibrationError(f"{origin}: early_scale must be within [1, 4] and early_ns >= 0 (what a kernel's work "
+                               f"becomes when PDL starts it early), not so in {', '.join(bad)}")
     pre = dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"]
     short = sorted([f"families.{f}" for f, fc in fam_costs.items() if fc.fixed_ns < pre]
                    + [f"ops.{o}" for o, oc in op_costs.items() if oc.fixed_ns < pre])

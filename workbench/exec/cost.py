@@ -105,7 +105,11 @@ class KernelCost:
     ``cap``: the largest share of the GPU the grid can use (so alone it runs ``work_ns / cap``);
     ``occupancy``: share of the GPU's resident-thread slots its blocks hold (admission of
     concurrent / PDL-early kernels); ``write_fraction``: share of the work that is the epilogue
-    writing the result (where an ``after-main-loop`` PDL trigger fires).
+    writing the result (where an ``after-main-loop`` PDL trigger fires); ``early_ns`` and
+    ``early_scale``: its work becomes ``early_ns x cap + early_scale x work`` when PDL launches
+    it while its predecessor's main loop still runs (a predecessor that signals at its start):
+    its blocks are then placed on SMs as the predecessor's retire, unevenly
+    (``FamilyCost.early_ns`` / ``early_scale``, measured by ``workbench calibrate``).
     """
 
     name: str
@@ -118,6 +122,8 @@ class KernelCost:
     occupancy: float
     write_fraction: float
     fixed_ns: float
+    early_scale: float = 1.0
+    early_ns: float = 0.0
 
     @property
     def duration_ns(self) -> float:
@@ -224,34 +230,47 @@ def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
     ``kernel_fixed_ns``). Ops come before families because a family lumps kernels of very
     different cost (SOFT_MAX and ARGSORT_TOP_K, MUL_MAT and MUL_MAT_ID). A fused op of
     ``FUSED_BASE`` takes its base op's fit: its kernel is the base kernel with a longer epilogue.
-    A block-typed weight's kernel (mmvq, quantised get-rows) takes only a fit measured on that
+    A fused op that the calibration measured on its own kernel (``how`` = ``fused op``) takes that
+    fit first. A block-typed weight's kernel (mmvq, quantised get-rows) takes only a fit measured on that
     kernel (``MUL_MAT/k_mul_mat_vec_q_q4_0``, say), else the plain roofline of its blocks' bytes:
     the op's and the family's fits were measured on the float kernels, whose inner loops differ.
 
     A llama.cpp calibration (``cal.executor == "llamacpp"``) keys its fits by llama.cpp's
     kernels (``kernel_name``) and measures the fused kernels llama.cpp runs under their own op:
     ``op/kernel`` and ``op`` of the node, then its base op's, then the family."""
+    how, key = fit_key(node, cal)
+    if key is None:
+        return how, None
+    return how, (cal.families if how == "family" else cal.ops)[key]
+
+
+def fit_key(node: Node, cal: Calibration) -> tuple[str, str | None]:
+    """``measured_fit``'s source and the key of its fit in ``cal.ops`` (``cal.families`` for a
+    ``family`` fit; None for ``device``)."""
     if cal.executor == "llamacpp":
         base = FUSED_BASE.get(node.op, (node.op, ""))[0]
         for key, how in ((f"{node.op}/{kernel_name(node)}", "op/kernel"), (node.op, "op"), (base, "op")):
             if key in cal.ops:
-                return how, cal.ops[key]
+                return how, key
             if quantized_weight(node):  # only the block kernel's own fit applies (see above)
                 return "device", None
-        fc = cal.families.get(node.family)
-        return ("family", fc) if fc is not None else ("device", None)
+        return ("family", node.family) if node.family in cal.families else ("device", None)
     op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
+    if op != node.op:  # a fused op measured on its own kernel (the calibration's fused run) first
+        for key in (f"{node.op}/{executor_kernel(node)}", node.op):
+            if key in cal.ops:
+                return "fused op", key
     if any(k.startswith(f"{op}/") for k in cal.ops):
         kernel = executor_kernel(node)
-        fc = cal.ops.get(f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}")
-        if fc is not None:
-            return "op/kernel", fc
+        key = f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}"
+        if key in cal.ops:
+            return "op/kernel", key
     if quantized_weight(node):
         return "device", None
     if op in cal.ops:
-        return "op", cal.ops[op]
+        return "op", op
     if node.family in cal.families:
-        return "family", cal.families[node.family]
+        return "family", node.family
     return "device", None
 
 
@@ -259,7 +278,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     """Roofline cost of ``node`` on the GPU of ``cal``."""
     blocks, threads = launch_geometry(node, cal.sm_count)
     nbytes, flops = float(node.bytes), float(node.flops)
-    _, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
+    how, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
     scale = fam.work_scale if fam else 1.0
     fixed = fam.fixed_ns if fam else cal.kernel_fixed_ns
     # a fit's per-row term (``FamilyCost.row_ns``): charged with the fixed part through the
@@ -295,7 +314,8 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
         name=kernel_name(node), blocks=blocks, threads=threads, bytes=nbytes, flops=flops,
         work_ns=work, cap=cap, occupancy=min(1.0, blocks * threads / slots),
         write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0,
-        fixed_ns=fixed + prologue_ns(node, cal),
+        fixed_ns=fixed + (prologue_ns(node, cal) if how != "fused op" else 0.0),  # a fused fit has its prologue
+        early_scale=fam.early_scale if fam else 1.0, early_ns=fam.early_ns if fam else 0.0,
     )
 
 

@@ -550,6 +550,11 @@ class _Engine:
         pre = cal.pdl_prologue_ns + (cal.pdl_first_read_setup_ns if wait != "start" else 0.0)
         pre_work = cost.work_ns * cal.pdl_late_read_fraction if wait == "late" else 0.0
         rest = cost.work_ns - pre_work
+        if pdl and (cost.early_scale != 1.0 or cost.early_ns) and self.end[pdl_pred] != self.end[pdl_pred] \
+                and self._launch(pdl_pred).trigger == "start":
+            # launched while the predecessor's main loop runs: its blocks take SM slots as the
+            # predecessor's retire, unevenly, and its main loop runs that much slower
+            rest = rest * cost.early_scale + cost.early_ns * cost.cap
         steps: list[tuple[str, float]] = [("work", pre_work), ("gate", 0.0)]
         trigger = la.trigger
         if trigger == "after-main-loop":

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 from .backend import RunRequest
 from .calibration import Calibration, default_gpu, load_calibration
@@ -17,17 +18,22 @@ _said: set[str] = set()
 class SimOptions:
     """``gpu``: calibration name (None: the GPU present, else the best measured file, said on
     stderr); ``host``: host profile (None: the file's default); ``calibration``: a Calibration
-    object instead of a name; ``memo``: replay memoised graph tokens (same result, faster)."""
+    object, a calibration name (as ``gpu``) or a calibration file's path; ``memo``: replay
+    memoised graph tokens (same result, faster)."""
 
     gpu: str | None = None
     host: str | None = None
-    calibration: Calibration | None = None
+    calibration: Calibration | str | Path | None = None
     memo: bool = True
 
 
 def resolve_calibration(opts: SimOptions) -> Calibration:
-    if opts.calibration is not None:
-        return opts.calibration if opts.host is None else opts.calibration.with_host(opts.host)
+    cal = opts.calibration
+    if isinstance(cal, (str, Path)):
+        named = not isinstance(cal, Path) and not str(cal).endswith(".json")
+        return load_calibration(str(cal), opts.host) if named else load_calibration(host=opts.host, path=cal)
+    if cal is not None:
+        return cal if opts.host is None else cal.with_host(opts.host)
     gpu = opts.gpu
     if gpu is None:
         from .cuda_backend import present_gpu_name

@@ -25,9 +25,12 @@ Two halves, so that fitting can be re-run without a GPU (``--raw`` / ``--from-ra
   reads. ``check.calibration_run_errors`` (``--check``) predicts the calibration runs with the
   result.
 
-By default only Llama shapes are measured (``specs.CALIBRATION_MODELS``; ``--models`` adds
-others): the families left out stay held out, so the fidelity report
-(``benchmarks/sim_fidelity.py``) shows the error on families the fit has not seen.
+By default Llama, qwen3 MoE and qwen3-next shapes are measured (``specs.CALIBRATION_MODELS``;
+``--models`` picks others): qwen3 dense and gpt-oss stay held out, so the fidelity report
+(``benchmarks/sim_fidelity.py``) shows the error on families the fit has not seen. Besides the
+unfused runs, one run with every fusion gives the fused kernels their own fits, and the same
+with PDL signalling at each kernel's start gives each fit its ``early_scale`` (how much slower
+a kernel runs when PDL launches it while its predecessor's main loop still runs).
 
 The command (``workbench calibrate``) is ``workbench/commands/calibrate.py``.
 """

@@ -16,8 +16,9 @@ import numpy as np
 import pandas as pd
 
 from ..calibration import parse_calibration
-from .kernel_fit import MIN_OP_KERNELS, cupti_kernel_ns, fit_groups, measured_kernels
-from .specs import EAGER, EAGER_PDL, EAGER_QKV, GRAPHS, GRAPHS_PDL
+from ..cost import FUSED_BASE
+from .kernel_fit import EARLY_MIN_EXTRA_NS, MIN_OP_KERNELS, cupti_kernel_ns, early_launch, fit_groups, measured_kernels
+from .specs import DURATION_RUNS, EAGER, EAGER_PDL, EAGER_QKV, GRAPHS, GRAPHS_PDL
 from .tables import LAUNCH_APIS, nan_median
 
 #: how the untraced host costs were timed (the start of their source text)
@@ -303,13 +304,16 @@ def _fit_kernel_durations(o: _Output, raw: Mapping[str, Any]) -> None:
     pt = raw["device"]["probe_trace_summary"]
     inflation = cupti_kernel_ns(raw)
     base_cal = replace(parse_calibration(out, "fit", "python"), families={}, ops={})
-    kern = measured_kernels(raw, base_cal, inflation)
+    ran = {k["strategy"] for k in raw["kernels"]}
+    kern = measured_kernels(raw, base_cal, inflation, tuple(s for s in DURATION_RUNS if s in ran))
     min_fixed = d["pdl_prologue_ns"] + d["pdl_first_read_setup_ns"]
     for k in [k for k in src if k.startswith(("families.", "ops."))]:
         del src[k]  # the base's fits are replaced, not merged
     what = (f"of the calibration models under graph replay, their CUPTI durations less {inflation:.0f} ns "
             "per kernel that tracing adds (graph-replay calibration runs timed traced and untraced)")
-    families, fam_report = fit_groups(kern, "family", "family", 1, min_fixed, what)
+    # a family is the fallback of ops not measured: fitted on the unfused kernels only (a fused
+    # kernel's op has a fit of its own, and its longer prologue would bias its family's)
+    families, fam_report = fit_groups(kern[~kern["op"].isin(FUSED_BASE)], "family", "family", 1, min_fixed, what)
     ops, op_report = fit_groups(kern, "op", "op", MIN_OP_KERNELS, min_fixed, what)
     # an op whose nodes ran on different kernels of the executor (MUL_MAT: per-row vs row-streaming
     # mat-vec) also gets a fit per kernel, which the simulator prefers (cost.measured_fit)
@@ -324,6 +328,7 @@ def _fit_kernel_durations(o: _Output, raw: Mapping[str, Any]) -> None:
                 src[f"{section}.{name}.{k}"] = f"{o.where}: {how}"
     out["families"] = {name: fc for name, (fc, _) in families.items()}
     out["ops"] = {name: fc for name, (fc, _) in sorted(ops.items())}
+    _fit_early_launch(o, raw)
     fixed = [fc["fixed_ns"] for fc in out["families"].values()]
     fallback = nan_median(fixed) if fixed else pt["empty_duration_ns"]
     o.set_device("kernel_fixed_ns", max(min_fixed, fallback),
@@ -333,6 +338,26 @@ def _fit_kernel_durations(o: _Output, raw: Mapping[str, Any]) -> None:
                  "reductions)")
     out["measured"] = {"environment": raw["environment"], "models": raw.get("models", []),
                        "family_fits": fam_report, "op_fits": op_report + opk_report, "cupti_kernel_ns": inflation}
+
+
+def _fit_early_launch(o: _Output, raw: Mapping[str, Any]) -> None:
+    """Each fit's ``early_ns`` / ``early_scale`` (``kernel_fit.early_launch``) where its kernels
+    ran measurably slower when PDL launched them at their predecessor's start: by over
+    ``EARLY_MIN_EXTRA_NS`` at their median work, from 2 kernels or more."""
+    bt = pd.DataFrame(raw["boundaries"])
+    saving = nan_median(bt["saving_ns"]) if len(bt) else float("nan")
+    fitted = parse_calibration(o.out, "fit", "python")
+    kern = {k: v for k, v in early_launch(raw, fitted, saving).items() if v.nodes >= 2}
+    for (section, key), f in sorted(kern.items()):
+        if f.median_extra_ns < EARLY_MIN_EXTRA_NS:
+            continue
+        fc = o.out[section][key]
+        fc["early_ns"], fc["early_scale"] = round(f.early_ns, 1), round(min(f.early_scale, 4.0), 4)
+        for field in ("early_ns", "early_scale"):
+            o.sources[f"{section}.{key}.{field}"] = (
+                f"{o.where}: {f.how} launched early (PDL signal at every kernel's start, every fusion): extra = end "
+                f"after the predecessor's end + the {saving:.0f} ns boundary saving of PDL - duration without PDL, "
+                "against roofline work")
 
 
 def _mark_datasheet_sources(src: dict[str, Any]) -> None:

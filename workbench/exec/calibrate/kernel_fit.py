@@ -13,13 +13,19 @@ import pandas as pd
 
 from ...strategy.steps import plan_for
 from ..calibration import Calibration
-from ..cost import executor_kernel, kernel_cost
-from .specs import CALIBRATION_STRATEGIES, GRAPH_RUNS, GRAPHS, ModelSpec
+from ..cost import executor_kernel, fit_key, kernel_cost
+from .specs import CALIBRATION_STRATEGIES, FUSED, FUSED_PDL, GRAPH_RUNS, GRAPHS, ModelSpec
 from .tables import nan_median
 
 #: measured kernels an op (or an op's executor kernel) needs for a fit of its own; with fewer it
 #: takes its kernel family's
 MIN_OP_KERNELS = 3
+#: the roofline work (alone) below which a kernel's early-launch slowdown is not measured: its
+#: step under PDL is its launch overlap and noise, not its blocks' placement
+EARLY_MIN_WORK_NS = 2000.0
+#: the early-launch extra (at a fit's median work) below which it is not kept: how far one
+#: boundary's PDL saving strays from the median saving the extra is measured against
+EARLY_MIN_EXTRA_NS = 500.0
 
 
 @dataclass(frozen=True)
@@ -152,14 +158,16 @@ def _spec_plans(kt: pd.DataFrame, strategy: str) -> Iterable[tuple[tuple, pd.Dat
 
 
 def measured_kernels(raw: Mapping[str, Any], cal: Calibration, cupti_ns: float = 0.0,
-                     strategy: str = GRAPHS) -> pd.DataFrame:
-    """Every Plan node's kernel measured under ``strategy`` in the calibration models: its op,
+                     strategy: str | tuple[str, ...] = GRAPHS) -> pd.DataFrame:
+    """Every Plan node's kernel measured under ``strategy`` (or each of several) in the calibration models: its op,
     family, the kernel the cuda executor binds for it (``cost.executor_kernel``: the same name
     the simulator looks its fit up by), its measured ``duration_ns`` less ``cupti_ns`` (what
     CUPTI adds per traced kernel), and its ``roofline_ns`` on ``cal`` (alone, at its cap) and
     ``predicted_ns`` (``kernel_cost(node, cal).duration_ns``)."""
     rows = []
-    for _, grp, nodes in _spec_plans(pd.DataFrame(raw["kernels"]), strategy):
+    kt = pd.DataFrame(raw["kernels"])
+    for _, grp, nodes in (t for st in ((strategy,) if isinstance(strategy, str) else strategy)
+                          for t in _spec_plans(kt, st)):
         for r in grp.itertuples():
             node = nodes.get(r.node)
             if node is None:
@@ -171,6 +179,71 @@ def measured_kernels(raw: Mapping[str, Any], cal: Calibration, cupti_ns: float =
                          "predicted_ns": c.duration_ns})
     return pd.DataFrame(rows, columns=["model", "node", "op", "family", "kernel", "duration_ns", "roofline_ns",
                                        "predicted_ns"])
+
+
+@dataclass(frozen=True)
+class EarlyFit:
+    """What a fit's kernels add when PDL launches them early: ``early_ns + (early_scale - 1) x
+    work`` over their duration without PDL, from ``nodes`` kernels; ``how`` for the sources."""
+
+    early_ns: float
+    early_scale: float
+    nodes: int
+    how: str
+    median_extra_ns: float  # the fit at the kernels' median work
+
+
+def fit_early(work: np.ndarray, extra: np.ndarray) -> EarlyFit:
+    """``extra ~ early_ns + (early_scale - 1) x work`` by least squares, neither part negative.
+    One size (work spread under a tenth of its median): proportional to the work alone; a slope
+    that comes out negative: a constant."""
+    w, e = np.asarray(work, float), np.asarray(extra, float)
+    n = len(w)
+    if n >= 2 and np.ptp(w) > 0.1 * np.median(w):
+        (c, k), *_ = np.linalg.lstsq(np.stack([np.ones_like(w), w], axis=1), e, rcond=None)
+        how = f"least-squares line through {n} kernels of {len(np.unique(np.round(w)))} sizes"
+        if k < 0:
+            c, k, how = float(np.mean(e)), 0.0, f"mean over {n} kernels (the line's slope came out negative)"
+        elif c < 0:
+            c, k, how = 0.0, float(w @ e / (w @ w)), f"line through zero over {n} kernels (its intercept was negative)"
+    else:
+        c, k, how = 0.0, float(w @ e / (w @ w)), f"proportional to the work, over {n} kernels of one size"
+    c, k = max(0.0, float(c)), max(0.0, float(k))
+    return EarlyFit(c, 1.0 + k, n, how, c + k * float(np.median(w)))
+
+
+def early_launch(raw: Mapping[str, Any], cal: Calibration, saving_ns: float) -> dict[tuple[str, str], EarlyFit]:
+    """What each fit's kernels add when PDL launches them while their predecessor's main loop
+    still runs, from the calibration's fused runs without PDL (``FUSED``) and with PDL
+    signalling at every kernel's start (``FUSED_PDL``), keyed ``(section, key)`` as
+    ``cost.fit_key`` finds the node's fit in ``cal``. Per node launched early (its median start
+    before its predecessor's end): ``extra``, what it added to its stream under PDL (end after
+    end) less its duration without PDL, plus the boundary saving PDL brings anyway
+    (``saving_ns``, which the simulator already gives it), against ``work``, its roofline work
+    alone under ``cal`` (at least ``EARLY_MIN_WORK_NS``); ``fit_early`` over a fit's nodes."""
+    kt = pd.DataFrame(raw.get("kernels", []))
+    if kt.empty or FUSED_PDL not in set(kt["strategy"]) or saving_ns != saving_ns:
+        return {}
+    keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
+    pdl = {tuple(k): g.set_index("node") for k, g in kt[kt["strategy"] == FUSED_PDL].groupby(keys, dropna=False)}
+    per: dict[tuple[str, str], list[tuple[float, float]]] = {}
+    for key, grp, nodes in _spec_plans(kt, FUSED):
+        early = pdl.get(tuple(key))
+        if early is None:
+            continue
+        for r in grp.itertuples():
+            node = nodes.get(r.node)
+            if node is None or r.node not in early.index or not early.at[r.node, "gap_ns"] < 0:
+                continue
+            c = kernel_cost(node, cal)
+            work = c.work_ns / c.cap if c.work_ns > 0 else 0.0
+            if work < EARLY_MIN_WORK_NS:
+                continue  # no main loop to speak of: what PDL changes there is its overlap, not its work
+            how, fk = fit_key(node, cal)
+            if fk is not None:
+                extra = early.at[r.node, "step_ns"] + saving_ns - r.duration_ns
+                per.setdefault(("families" if how == "family" else "ops", fk), []).append((work, extra))
+    return {k: fit_early(*np.array(v).T) for k, v in per.items()}
 
 
 def cupti_kernel_ns(raw: Mapping[str, Any]) -> float:

@@ -43,7 +43,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ..calibration import Calibration, CalibrationError, parse_calibration
+from ..calibration import FAMILY_FIELDS, Calibration, CalibrationError, parse_calibration
 from .kernel_fit import MIN_OP_KERNELS, fit_groups
 from .llamacpp_schedule import llamacpp_plan
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
@@ -517,8 +517,13 @@ def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal:
     fitted_ops = {o.split("/")[0] for o in ops}
     for k in [k for k in cal["ops"] if "/" in k or k.split("/", 1)[0] in fitted_ops]:
         del cal["ops"][k]
-        for f in ("fixed_ns", "work_scale", "row_ns"):
+        for f in FAMILY_FIELDS:
             src.pop(f"ops.{k}.{f}", None)
+    for section in ("ops", "families"):  # how the cuda executor's kernels take an early PDL launch is theirs
+        for k, fc in cal[section].items():
+            for f in ("early_ns", "early_scale"):
+                if fc.pop(f, None) is not None:
+                    src.pop(f"{section}.{k}.{f}", None)
     for section, fits in (("ops", ops), ("families", fams)):
         for name, (vals, how) in fits.items():
             cal[section][name] = vals

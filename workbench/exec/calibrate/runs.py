@@ -33,8 +33,11 @@ class PreparedRun:
 
 
 def _steady_us(ex: Any, a: int, b: int | None) -> float:
+    """Median host time of the steady tokens (all but the first): a one-off host stall (a
+    garbage collection, a module loaded lazily: 50 ms in one token of a 2026-11-25 H200
+    calibration run) must not move a calibration run's us/token."""
     us = (np.asarray(ex.times.end_ns[a:b]) - np.asarray(ex.times.start_ns[a:b])) / 1e3
-    return float(np.mean(us[1:])) if len(us) > 1 else float(us[0])
+    return float(np.median(us[1:])) if len(us) > 1 else float(us[0])
 
 
 def prepare_untraced(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int = 0,
@@ -53,6 +56,9 @@ def prepare_untraced(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int
         raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or another pos")
     ex.prepare(p0)  # compile kernels and capture outside the measurement
     ex.step(int(ids[0]), p0)
+    # one untimed pass first: the process's first eager run of a calibration measured 8-13 % slower
+    # than the same run later (host clocks and Python's caches warming, 2026-11-25 H200 runs)
+    time_host_ops(ex, ids, p0)
     n1 = len(ex.times.start_ns)
     host_ops = time_host_ops(ex, ids, p0)
     return PreparedRun(spec, strategy, ex, ids, host_ops, _steady_us(ex, n1, None))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from typing import Any, Final
 
 from ...models import ModelConfig, load_config
-from ...strategy import Strategy
+from ...strategy import FUSIONS, Strategy
 
 
 @dataclass(frozen=True)
@@ -51,11 +51,15 @@ class ModelSpec:
         return {"model": self.model, "layers": self.layers, "context": self.context, "pos": self.pos}
 
 
-#: dense Llama shapes at two sizes and two KV lengths: mat-vecs from 512 x 2048 to 14336 x 4096,
-#: attention over 256 and 2048 rows
+#: dense Llama shapes at two sizes and two KV lengths (mat-vecs from 512 x 2048 to 14336 x 4096,
+#: attention over 256 and 2048 rows), a top-8 MoE (expert mat-vecs, routing) and Gated DeltaNet
+#: (three linear-attention layers and one full one); qwen3 dense and gpt-oss are left out, the
+#: families the fidelity report holds out (benchmarks/sim_fidelity.py)
 CALIBRATION_MODELS = (
     ModelSpec("llama-3.2-1b", 4, 512),
     ModelSpec("llama-3.1-8b", 2, 2048, 1800),
+    ModelSpec("qwen3-30b-a3b", 2, 512, 448),
+    ModelSpec("qwen3-next-80b-a3b", 4, 512, 448),
 )
 
 # The labels of the calibration runs: the ``strategy`` column of the raw tables (so recorded
@@ -65,6 +69,8 @@ EAGER_PDL: Final = "eager+pdl"
 EAGER_QKV: Final = "eager+qkv+boundary"
 GRAPHS: Final = "graphs+boundary"
 GRAPHS_PDL: Final = "graphs+pdl+implicit"
+FUSED: Final = "graphs+fusion+boundary"
+FUSED_PDL: Final = "graphs+fusion+pdl+boundary"
 
 #: the strategies whose traces give each host cost and the PDL boundaries
 CALIBRATION_STRATEGIES: dict[str, Strategy] = {
@@ -73,6 +79,13 @@ CALIBRATION_STRATEGIES: dict[str, Strategy] = {
     EAGER_QKV: Strategy(streams="qkv", sync="boundary"),
     GRAPHS: Strategy(graphs=True, sync="boundary"),
     GRAPHS_PDL: Strategy(graphs=True, pdl=True, sync="implicit"),
+    # every fusion: the fused kernels' own durations, and how much slower a kernel runs when PDL
+    # launches it at its predecessor's start (its blocks placed as the predecessor's retire)
+    FUSED: Strategy(graphs=True, sync="boundary", fusion=frozenset(FUSIONS)),
+    FUSED_PDL: Strategy(graphs=True, pdl=True, sync="boundary", fusion=frozenset(FUSIONS)),
 }
 #: the runs that replay CUDA graphs (what CUPTI's per-kernel cost is measured on)
-GRAPH_RUNS = (GRAPHS, GRAPHS_PDL)
+GRAPH_RUNS = (GRAPHS, GRAPHS_PDL, FUSED, FUSED_PDL)
+#: the runs whose kernel durations the fits take (one with every fusion, one without; PDL runs'
+#: kernels start early, so their durations include the wait)
+DURATION_RUNS = (GRAPHS, FUSED)

@@ -55,18 +55,21 @@ def api_periods(trace: Trace) -> pd.DataFrame:
 
 
 def kernel_table(trace: Trace) -> pd.DataFrame:
-    """Median duration, start gap after the previous kernel on its stream, and count of each
-    Plan node's kernel over the measured tokens."""
+    """Median duration, start gap after the previous kernel on its stream, step (end after that
+    kernel's end: what the kernel adds to its stream, whether or not PDL started it early), and
+    count of each Plan node's kernel over the measured tokens."""
     k = _steady(trace.events)
     k = k[(k["kind"] == "kernel") & (k["node"] != "")].sort_values("start_ns", kind="stable")
     if k.empty:
-        return pd.DataFrame(columns=["node", "name", "duration_ns", "gap_ns", "n"])
-    k = k.assign(dur=k["end_ns"] - k["start_ns"], gap=k["start_ns"] - k.groupby(["stream", "token"])["end_ns"].shift(1))
+        return pd.DataFrame(columns=["node", "name", "duration_ns", "gap_ns", "step_ns", "n"])
+    prev_end = k.groupby(["stream", "token"])["end_ns"].shift(1)
+    k = k.assign(dur=k["end_ns"] - k["start_ns"], gap=k["start_ns"] - prev_end, step=k["end_ns"] - prev_end)
     calls = trace.events[trace.events["row"] == "CUDA API"].drop_duplicates("corr_id").set_index("corr_id")["end_ns"]
     # how long after its launch call returned a kernel started (large: it was queued behind others)
     k = k.assign(queued=k["start_ns"] - k["corr_id"].map(calls))
     g = k.groupby("node", sort=False)
     return pd.DataFrame({"name": g["name"].first(), "duration_ns": g["dur"].median(), "gap_ns": g["gap"].median(),
+                         "step_ns": g["step"].median(),
                          "queued_ns": g["queued"].median(), "n": g["dur"].size()}).reset_index()
 
 
