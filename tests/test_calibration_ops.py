@@ -97,8 +97,8 @@ def test_kernel_cost_prefers_op_kernel_then_op_then_family_then_device() -> None
 #: calibration runs a shipped calibration does not reproduce within 10 %, and why
 KNOWN_MISSES = {
     ("calibration_raw_h200_s13.json.gz", "llama-3.2-1b/L4/ctx512", "eager"):
-        "the process's first timed run, before `workbench calibrate` warmed the host with an untimed pass "
-        "(data/bench/calibration_h200_s13.md): measured 723 us/token, 641 and 672 on two other leases",
+        "the process's first timed run (data/bench/calibration_h200_s13.md): measured 723 us/token, 641 and 672 "
+        "on two other leases",
 }
 
 

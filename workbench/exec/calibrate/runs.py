@@ -56,9 +56,6 @@ def prepare_untraced(spec: ModelSpec, strategy: Strategy, tokens: int, seed: int
         raise ValueError(f"{spec.label}: {tokens} tokens cross a KV-length step; use fewer tokens or another pos")
     ex.prepare(p0)  # compile kernels and capture outside the measurement
     ex.step(int(ids[0]), p0)
-    # one untimed pass first: the process's first eager run of a calibration measured 8-13 % slower
-    # than the same run later (host clocks and Python's caches warming, 2026-11-25 H200 runs)
-    time_host_ops(ex, ids, p0)
     n1 = len(ex.times.start_ns)
     host_ops = time_host_ops(ex, ids, p0)
     return PreparedRun(spec, strategy, ex, ids, host_ops, _steady_us(ex, n1, None))
