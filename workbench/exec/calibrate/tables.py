@@ -134,6 +134,7 @@ def trace_tables(runs: Sequence[tuple[ModelSpec, str, Trace, Mapping[str, Any]]]
                      **{f"spec_{k}": v for k, v in spec.to_dict().items()},
                      "tokens": int(tr.events.loc[tr.events["token"] >= 0, "token"].nunique()),
                      "untraced_us_per_token": info.get("untraced_us_per_token"),
+                     "hooked_us_per_token": info.get("hooked_us_per_token"),
                      "calls_per_token": float(ap.groupby("token").size().median()) if len(ap) else 0.0,
                      "capture_call_ns": float((cap_calls["end_ns"] - cap_calls["start_ns"]).median())
                      if len(cap_calls) else float("nan"), "events": len(tr), "device": info.get("device", "")})
