@@ -81,3 +81,31 @@ def test_heartbeat_beats_while_a_long_run_works_and_stops_after():
     with heartbeat(beats.append, estimate_s=0.1, every=0.01, min_seconds=0.5):  # short runs stay quiet
         time.sleep(0.05)
     assert len(beats) == n
+
+
+def test_memory_the_cuda_backend_holds_counts_as_available(monkeypatch) -> None:
+    """A run on the cuda backend reuses (same model) or frees first (another model) the device
+    memory its cached executors hold, and a given executor already holds its run's weights: the
+    check counts that memory beside the free memory, so a model that fits is not refused for
+    being resident already (a benchmark's second strategy of qwen3-30b-a3b on an 80 GB H100)."""
+    from types import SimpleNamespace
+
+    from workbench import resources
+    from workbench.exec.cuda_backend import CudaBackend, CudaOptions
+
+    gib = 2**30
+    monkeypatch.setattr(resources, "_cuda_gpu", lambda: (20.0 * gib, "H100 (free memory)"))
+    cfg = preset("qwen3-30b-a3b", context=512, weight_dtype="f16")
+    est = resources.estimate(cfg, Strategy(), "cuda", 4)
+    assert not est.fits_device and est.footprint.memory_bytes > 50 * gib
+    held = resources.estimate(cfg, Strategy(), "cuda", 4, held_device_bytes=60.0 * gib)
+    assert held.fits_device and "what the backend holds" in held.device_name
+
+    weights = object()
+    owner = SimpleNamespace(_persistent_mem=weights, persistent_bytes=57 * gib, _arena_bytes=gib)
+    other = SimpleNamespace(_persistent_mem=weights, persistent_bytes=57 * gib, _arena_bytes=2 * gib)  # shares them
+    be = CudaBackend()
+    be._owners[("m",)], be._executors[("m", "a")], be._executors[("m", "b")] = owner, owner, other
+    assert be.held_bytes(CudaOptions()) == 60 * gib  # the shared weights once, each arena once
+    assert be.held_bytes(CudaOptions(executor=other)) == 59 * gib
+    assert CudaBackend().held_bytes(CudaOptions()) == 0

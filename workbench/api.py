@@ -84,7 +84,8 @@ def run(model: str | ModelConfig, strategy: Strategy | None = None, *, tokens: i
                            "simulate the run on a calibrated GPU instead")
     cc = impl.compute_capability(opts)
     est = preflight.resource_checks(cfg, strategy, backend, len(ids), start_pos, max_seconds, emit,
-                                    gpu=getattr(impl, "calibration_name", lambda o: None)(opts))
+                                    gpu=getattr(impl, "calibration_name", lambda o: None)(opts),
+                                    held_device_bytes=getattr(impl, "held_bytes", lambda o: 0)(opts))
     for note in getattr(impl, "notes", lambda o: [])(opts):  # after the checks: an error stays one line
         emit(note)
     if progress is not None:

@@ -87,12 +87,14 @@ ESTIMATED = ("sim", "cuda", "reference")
 
 
 def resource_checks(cfg: ModelConfig, strategy: Strategy, backend: str, tokens: int, start_pos: int,
-                    max_seconds: float, emit: Emit, gpu: str | None = None) -> Estimate | None:
+                    max_seconds: float, emit: Emit, gpu: str | None = None,
+                    held_device_bytes: float = 0.0) -> Estimate | None:
     """The resource estimate of a run (refused past the machine, the GPU or ``max_seconds``;
-    warnings and a long run's announcement go to ``emit``); None for a backend it does not model."""
+    warnings and a long run's announcement go to ``emit``); None for a backend it does not model.
+    ``held_device_bytes``: see ``resources.estimate``."""
     if backend not in ESTIMATED:
         return None
-    est = estimate(cfg, strategy, backend, tokens, start_pos, gpu=gpu)
+    est = estimate(cfg, strategy, backend, tokens, start_pos, gpu=gpu, held_device_bytes=held_device_bytes)
     for note in check(est, _max_seconds({"max_seconds": max_seconds}), "run"):
         emit(note)
     return est

@@ -122,9 +122,11 @@ def distinct_plans(context: int, tokens: int, start_pos: int) -> int:
 
 
 def estimate(cfg: ModelConfig, strategy: Strategy, backend: str, tokens: int, start_pos: int = 0,
-             gpu: str | None = None) -> Estimate:
+             gpu: str | None = None, held_device_bytes: float = 0.0) -> Estimate:
     """The cost of ``tokens`` steps from ``start_pos`` on ``backend`` (sim, cuda, reference or
-    verify: the happens-before analysis over ``tokens`` unrolled steps of one Plan)."""
+    verify: the happens-before analysis over ``tokens`` unrolled steps of one Plan).
+    ``held_device_bytes``: GPU memory the cuda backend already holds that the run reuses or frees
+    first (its cached executors' weights and arenas), counted as available beside the free memory."""
     fp = footprint(cfg, strategy)
     plans = 1 if backend == "verify" else distinct_plans(cfg.context, tokens, start_pos)
     compile_s = COMPILE_S_PER_NODE * fp.nodes * plans
@@ -143,6 +145,8 @@ def estimate(cfg: ModelConfig, strategy: Strategy, backend: str, tokens: int, st
                         device_bytes=None, device_capacity=None)
     if backend == "cuda":
         cap, name = _cuda_gpu()
+        if cap is not None and held_device_bytes > 0:
+            cap, name = cap + held_device_bytes, name.replace("(free memory)", "(free memory + what the backend holds)")
         return Estimate(**common, seconds=compile_s + CUDA_S_PER_NODE_TOKEN * node_tokens,
                         host_bytes=plan_bytes + SIM_BYTES_PER_NODE_TOKEN * node_tokens,
                         device_bytes=fp.memory_bytes, device_capacity=cap, device_name=name)

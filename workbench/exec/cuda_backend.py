@@ -148,6 +148,15 @@ class CudaBackend:
                 old.release()
         return ex
 
+    def held_bytes(self, options: CudaOptions) -> int:
+        """GPU memory a run with ``options`` may count beside the free memory: a given executor's
+        (its weights and arena are the run's), else every cached executor's (a run of the same
+        model reuses their weights, another model's frees them first; ``executor``)."""
+        exs = [options.executor] if options.executor is not None else [*self._owners.values(),
+                                                                       *self._executors.values()]
+        weights = {id(ex._persistent_mem): ex.persistent_bytes for ex in exs if ex._persistent_mem is not None}
+        return int(sum(weights.values()) + sum(ex._arena_bytes for ex in {id(e): e for e in exs}.values()))
+
     def release(self) -> None:
         """Free every cached executor and the device weights they share."""
         for ex in self._executors.values():
