@@ -17,7 +17,15 @@ import pandas as pd
 
 from ..calibration import parse_calibration
 from ..cost import FUSED_BASE
-from .kernel_fit import EARLY_MIN_EXTRA_NS, MIN_OP_KERNELS, cupti_kernel_ns, early_launch, fit_groups, measured_kernels
+from .kernel_fit import (
+    EARLY_MIN_EXTRA_NS,
+    MIN_OP_KERNELS,
+    cupti_kernel_ns,
+    early_launch,
+    fit_groups,
+    measured_kernels,
+    pdl_saving_ns,
+)
 from .specs import DURATION_RUNS, EAGER, EAGER_PDL, EAGER_QKV, GRAPHS, GRAPHS_PDL
 from .tables import LAUNCH_APIS, nan_median
 
@@ -372,10 +380,9 @@ def _fit_early_launch(o: _Output, raw: Mapping[str, Any]) -> None:
     """Each fit's ``early_ns`` / ``early_scale`` (``kernel_fit.early_launch``) where its kernels
     ran measurably slower when PDL launched them at their predecessor's start: by over
     ``EARLY_MIN_EXTRA_NS`` at their median work, from 2 kernels or more."""
-    bt = pd.DataFrame(raw["boundaries"])
-    saving = nan_median(bt["saving_ns"]) if len(bt) else float("nan")
     fitted = parse_calibration(o.out, "fit", "python")
-    kern = {k: v for k, v in early_launch(raw, fitted, saving).items() if v.nodes >= 2}
+    saving = pdl_saving_ns(fitted)
+    kern = {k: v for k, v in early_launch(raw, fitted).items() if v.nodes >= 2}
     for (section, key), f in sorted(kern.items()):
         if f.median_extra_ns < EARLY_MIN_EXTRA_NS:
             continue
@@ -384,8 +391,8 @@ def _fit_early_launch(o: _Output, raw: Mapping[str, Any]) -> None:
         for field in ("early_ns", "early_scale"):
             o.sources[f"{section}.{key}.{field}"] = (
                 f"{o.where}: {f.how} launched early (PDL signal at every kernel's start, every fusion): extra = end "
-                f"after the predecessor's end + the {saving:.0f} ns boundary saving of PDL - duration without PDL, "
-                "against roofline work")
+                f"after the predecessor's end + the {saving:.0f} ns the simulator's PDL saves at a boundary (gap + "
+                "prologue - release) - duration without PDL, against roofline work")
 
 
 def _mark_datasheet_sources(src: dict[str, Any]) -> None:

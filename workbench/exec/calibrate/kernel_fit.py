@@ -212,18 +212,19 @@ def fit_early(work: np.ndarray, extra: np.ndarray) -> EarlyFit:
     return EarlyFit(c, 1.0 + k, n, how, c + k * float(np.median(w)))
 
 
-def early_launch(raw: Mapping[str, Any], cal: Calibration, saving_ns: float) -> dict[tuple[str, str], EarlyFit]:
+def early_launch(raw: Mapping[str, Any], cal: Calibration) -> dict[tuple[str, str], EarlyFit]:
     """What each fit's kernels add when PDL launches them while their predecessor's main loop
     still runs, from the calibration's fused runs without PDL (``FUSED``) and with PDL
     signalling at every kernel's start (``FUSED_PDL``), keyed ``(section, key)`` as
     ``cost.fit_key`` finds the node's fit in ``cal``. Per node launched early (its median start
     before its predecessor's end): ``extra``, what it added to its stream under PDL (end after
-    end) less its duration without PDL, plus the boundary saving PDL brings anyway
-    (``saving_ns``, which the simulator already gives it), against ``work``, its roofline work
-    alone under ``cal`` (at least ``EARLY_MIN_WORK_NS``); ``fit_early`` over a fit's nodes."""
+    end) less its duration without PDL, plus the boundary saving the simulator gives it anyway
+    under ``cal`` (``pdl_saving_ns``), against ``work``, its roofline work alone under ``cal`` (at
+    least ``EARLY_MIN_WORK_NS``); ``fit_early`` over a fit's nodes."""
     kt = pd.DataFrame(raw.get("kernels", []))
-    if kt.empty or FUSED_PDL not in set(kt["strategy"]) or saving_ns != saving_ns:
+    if kt.empty or FUSED_PDL not in set(kt["strategy"]):
         return {}
+    saving_ns = pdl_saving_ns(cal)
     keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
     pdl = {tuple(k): g.set_index("node") for k, g in kt[kt["strategy"] == FUSED_PDL].groupby(keys, dropna=False)}
     per: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -244,6 +245,13 @@ def early_launch(raw: Mapping[str, Any], cal: Calibration, saving_ns: float) -> 
                 extra = early.at[r.node, "step_ns"] + saving_ns - r.duration_ns
                 per.setdefault(("families" if how == "family" else "ops", fk), []).append((work, extra))
     return {k: fit_early(*np.array(v).T) for k, v in per.items()}
+
+
+def pdl_saving_ns(cal: Calibration) -> float:
+    """What the simulator's PDL takes off a graph boundary into a kernel that waits at its first
+    read (the calibration runs' wait): the gap and the kernel's prologue it overlaps, less the
+    release (``sim.py`` ``_start_kernel``)."""
+    return cal.dependency_gap_ns + cal.pdl_prologue_ns + cal.pdl_first_read_setup_ns - cal.pdl_release_ns
 
 
 def cupti_kernel_ns(raw: Mapping[str, Any]) -> float:
