@@ -67,7 +67,7 @@ def main(argv=None) -> int:
             outs = {}
             for name, mod in mods.items():
                 h = LaunchHandle(call.name, mod.get_function(call.name), call.grid, call.block, s.ptr, call.args,
-                                 pdl=False)
+                                 pdl=False, cluster=call.cluster)
                 h()
                 s.synchronize()
                 outs[name] = cp.asnumpy(dev["out"]).view(np.float32).copy()

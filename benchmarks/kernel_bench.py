@@ -65,7 +65,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
                 "seg8": {**SEG, "MMV_SEG_MUL_MAT": True, "MMV_SEG_LANES": 8}},
     "MUL_MAT_ID": {"default": {}, "warp": {"MMV_SEG_K_MAX": 0}, "seg16": {**SEG, "MMV_SEG_LANES": 16},
                    "seg8": {**SEG, "MMV_SEG_LANES": 8}},
-    "FLASH_ATTN_EXT": {"default": {}, "gqa": {"FA_VARIANT": "gqa"}},
+    "FLASH_ATTN_EXT": {"default": {}, "ticket": {"FA_CLUSTER_MAX": 0}, "gqa": {"FA_VARIANT": "gqa"}},
 }
 
 
@@ -90,14 +90,15 @@ for _op in FUSED_MAT_VECS:
     VARIANTS.setdefault(_op, {"default": {}})
 
 
-def bench_nodes(name: str, fusions: frozenset[str] = frozenset()) -> list[Node]:
+def bench_nodes(name: str, fusions: frozenset[str] = frozenset(), ops: tuple[str, ...] = (),
+                n_kv: int = N_KV) -> list[Node]:
     """The distinct mat-vec and attention nodes of layer 0 and the head of ``name`` at full size
     (one per op and operand shapes: llama's gate and up are one), after the Strategy fusions
-    ``fusions`` (their fused mat-vecs included)."""
-    graph, _ = apply_fusions(build_graph(preset(name, layers=1, context=N_KV), N_KV), fusions)
+    ``fusions`` (their fused mat-vecs included); only ``ops`` where given; ``n_kv`` KV rows."""
+    graph, _ = apply_fusions(build_graph(preset(name, layers=1, context=n_kv), n_kv), fusions)
     seen, out = set(), []
     for n in graph.nodes:
-        if n.op not in OPS and n.op not in FUSED_MAT_VECS:
+        if n.op not in OPS and n.op not in FUSED_MAT_VECS or (ops and n.op not in ops):
             continue
         key = (n.op, tuple((v.shape, v.strides, v.dtype) for v in n.srcs))
         if key not in seen:
@@ -191,12 +192,13 @@ def run_variants(cp, node: Node, space: NodeSpace, ref: Memory, reps: int, sampl
     for vname, knobs in VARIANTS[node.op].items():
         with variant(knobs):
             calls = [cuda_ops.bind(node, space.addr(c), space.workspace(c)) for c in range(space.copies)]
-        key = (calls[0].name, calls[0].grid, calls[0].block)
+        key = (calls[0].name, calls[0].grid, calls[0].block, calls[0].cluster)
         if key in seen:
             continue
         seen.add(key)
         fn = modules.function(calls[0].source, calls[0].name)
-        handles = [LaunchHandle(c.name, fn, c.grid, c.block, stream.ptr, c.args, pdl=False) for c in calls]
+        handles = [LaunchHandle(c.name, fn, c.grid, c.block, stream.ptr, c.args, pdl=False, cluster=c.cluster)
+                   for c in calls]
         handles[0]()
         stream.synchronize()
         err = rel_err(node, space.host_memory(list(node.outs)), ref)
@@ -250,6 +252,8 @@ def main(argv=None) -> int:
     ap.add_argument("--cold-mb", type=int, default=256, help="MB of operands read per replay (defeats L2)")
     ap.add_argument("--fusions", default="", help="comma list of Strategy fusions applied first (e.g. "
                     "norm-mat-vec,qkv-rope-store,mul-mat-glu): their fused mat-vecs are timed too")
+    ap.add_argument("--ops", default="", help="comma list of ops to time (default: every mat-vec and attention)")
+    ap.add_argument("--contexts", default=str(N_KV), help="comma list of KV rows (attention's keys)")
     ap.add_argument("--json", default=None)
     ap.add_argument("--md", default=None)
     args = ap.parse_args(argv)
@@ -263,8 +267,10 @@ def main(argv=None) -> int:
                     "reps": args.reps, "samples": args.samples, "cold_mb": args.cold_mb,
                     "copy_bandwidth_GBps": copy_bandwidth(cp) / 1e9, "rows": []}
     failed = 0
-    for model in filter(None, args.models.split(",")):
-        for node in bench_nodes(model, parse_fusions(args.fusions)):
+    ops = tuple(filter(None, args.ops.split(",")))
+    runs = [(m, int(c)) for m in filter(None, args.models.split(",")) for c in args.contexts.split(",")]
+    for model, n_kv in runs:
+        for node in bench_nodes(model, parse_fusions(args.fusions), ops, n_kv):
             space = NodeSpace(cp, node, args.cold_mb << 20)
             ref = space.host_memory()
             NUMPY_OPS[node.op](node, ref)

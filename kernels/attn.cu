@@ -84,10 +84,90 @@ __device__ __forceinline__ bool fa_last_block(int* t, int S) {
     return last;
 }
 
+// Thread block clusters (sm_90): a head's S split blocks launched as one cluster (1, S, 1) merge
+// their partials through distributed shared memory behind two cluster barriers instead of the
+// workspace and the ticket (a GPU-scope atomic, then a second pass over L2). Launched without a
+// cluster (an older GPU, or S past the cluster limit) the blocks read a cluster of one and take
+// the ticket path.
+__device__ __forceinline__ unsigned fa_cluster_size() {
+#if __CUDA_ARCH__ >= 900
+    unsigned n;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(n));
+    return n;
+#else
+    return 1;
+#endif
+}
+
+__device__ __forceinline__ void fa_cluster_sync() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// p (a __shared__ address of this block) as block `rank` of the cluster holds it
+__device__ __forceinline__ float fa_ld_cluster(const float* p, unsigned rank) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned r;
+    float v;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
+    return v;
+#else
+    return *p;
+#endif
+}
+
+#define FA_CLUSTER_MAX 8
+// The cluster's merge: every block publishes its (M, L, acc[D]) in shared memory; after the
+// barrier block r merges output elements [r * D / S, (r + 1) * D / S) over the S blocks in rank
+// order (a fixed order: bit-identical replays), the sink in the normaliser; the second barrier
+// keeps every block's shared memory alive until the last remote read.
+__device__ __noinline__ void fa_cluster_merge(TV& d, float M, float L, const float* wm, const float (*acc)[FA_MAXD],
+                                                 int nw, int D, int h, int S, float sink, int has_sinks) {
+    __shared__ float part[FA_MAXD + 2];
+    const int tid = threadIdx.x;
+    for (int j = tid; j < D; j += blockDim.x) {
+        float a = 0.0f;
+        for (int w = 0; w < nw; ++w)
+            if (wm[w] != -WB_INF) a += acc[w][j] * expf(wm[w] - M);
+        part[2 + j] = a;
+    }
+    if (tid == 0) {
+        part[0] = M;
+        part[1] = L;
+    }
+    fa_cluster_sync();
+    // warp 0: lane s < S reads block s's (M, L); the global max, each block's weight and 1 / sum
+    __shared__ float cw[FA_CLUSTER_MAX], cinv;
+    if (tid < 32) {
+        const float ms = tid < S ? fa_ld_cluster(&part[0], tid) : -WB_INF;
+        const float Mg = fmaxf(warp_max(ms), has_sinks ? sink : -WB_INF);
+        const float w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
+        const float lw = w == 0.0f ? 0.0f : fa_ld_cluster(&part[1], tid) * w;
+        const float Lg = warp_sum(lw) + (has_sinks ? expf(sink - Mg) : 0.0f);
+        if (tid < S) cw[tid] = w;
+        if (tid == 0) cinv = 1.0f / Lg;
+    }
+    __syncthreads();
+    const float inv = cinv;
+    const int slice = (D + S - 1) / S, r = blockIdx.y % S;
+    for (int j = r * slice + tid; j < min(D, (r + 1) * slice); j += blockDim.x) {
+        float a = 0.0f;
+        for (int s = 0; s < S; ++s)
+            if (cw[s] != 0.0f) a += fa_ld_cluster(&part[2 + j], s) * cw[s];
+        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
+    }
+    fa_cluster_sync();
+}
+
 // The block's warps merged (in a fixed order) into its (M, L, acc[D]) at the block max M, from
 // each warp's max wm, sum wl and accumulator acc (shared memory). With S == 1 the block held
 // the whole context: it writes the output (the sink in the normaliser); otherwise its partial
-// goes to the workspace and the head's last block merges all S.
+// goes to the workspace and the head's last block merges all S, or, launched as a cluster of
+// the S blocks, the cluster merges them (fa_cluster_merge).
 __device__ __forceinline__ void fa_block_out(TV& d, const float* wm, const float* wl, const float (*acc)[FA_MAXD],
                                              int nw, int D, int h, int sidx, int S, float sink, int has_sinks,
                                              float* ws, int* tickets) {
@@ -96,6 +176,10 @@ __device__ __forceinline__ void fa_block_out(TV& d, const float* wm, const float
     for (int w = 0; w < nw; ++w) M = fmaxf(M, wm[w]);
     for (int w = 0; w < nw; ++w)
         if (wm[w] != -WB_INF) L += wl[w] * expf(wm[w] - M);
+    if (S > 1 && (int)fa_cluster_size() == S) {
+        fa_cluster_merge(d, M, L, wm, acc, nw, D, h, S, sink, has_sinks);
+        return;
+    }
     float out_scale = 1.0f;
     if (S == 1) {
         const float Mg = fmaxf(M, has_sinks ? sink : -WB_INF);

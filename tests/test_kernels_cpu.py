@@ -75,17 +75,35 @@ def test_every_node_binds(name, strategy):
         assert any(re.search(rf"\b{k}\(", text) for text in src.values()), f"{k} is not defined in kernels/"
 
 
-def _bound_kernels(cfg, strategy: Strategy, ops: tuple[str, ...], n_kv: int = 512) -> dict[str, str]:
-    """Node name -> bound kernel for the launches of ``ops`` in the Plan of ``cfg``, every buffer
+def _bound_calls(cfg, strategy: Strategy, ops: tuple[str, ...], n_kv: int = 512) -> dict:
+    """Node name -> bound KernelCall for the launches of ``ops`` in the Plan of ``cfg``, every buffer
     at a 256-byte aligned offset of a notional device (no memory is allocated: full sizes bind)."""
     plan = compile_plan(build_graph(cfg, n_kv), strategy)
     space_addr, top = {}, 0
     for b in plan.graph.buffers().values():
         space_addr[b.name] = top
         top += -(-b.nbytes // 256) * 256
-    return {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset,
-                                        lambda k, n: 0).name
+    return {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset, lambda k, n: 0)
             for la in plan.launches if la.node.op in ops}
+
+
+def _bound_kernels(cfg, strategy: Strategy, ops: tuple[str, ...], n_kv: int = 512) -> dict[str, str]:
+    """Node name -> bound kernel name (``_bound_calls``)."""
+    return {k: c.name for k, c in _bound_calls(cfg, strategy, ops, n_kv).items()}
+
+
+@pytest.mark.parametrize("model,n_kv,splits", [("llama-3.2-1b", 512, 4), ("llama-3.1-8b", 512, 8),
+                                               ("llama-3.1-8b", 256, 4), ("llama-3.1-8b", 2048, None)])
+def test_short_context_attention_is_one_cluster_a_head(model, n_kv, splits):
+    """Decode attention over a short context: a head's split blocks are launched as one
+    thread-block cluster (their partials merged in distributed shared memory); a context past
+    FA_CLUSTER_MAX blocks keeps the ticket's merge (no cluster)."""
+    call = _bound_calls(preset(model, layers=1, context=n_kv), Strategy(), ("FLASH_ATTN_EXT",), n_kv)["kqv_out-0"]
+    assert call.name == "k_flash_attn_ext_vec_f16"
+    if splits is None:
+        assert call.cluster is None and call.grid[1] > cuda_ops.FA_CLUSTER_MAX
+    else:
+        assert call.grid == (32, splits) and call.cluster == (1, splits, 1) and call.block == (32 * cuda_ops.FAV_WARPS,)
 
 
 def test_full_size_hot_kernels_are_the_vector_ones():
@@ -186,8 +204,9 @@ def test_attention_split_algorithm_matches_reference():
                                        (64, 64, 32768), (256, 8, 1000), (80, 40, 512)])
 def test_attention_vec_launch_covers_every_key_in_few_blocks(D, H, n_kv):
     """The vectorized decode kernel's launch: every key in some block's rounds, no block wholly
-    past the keys, a head that one round of the widest block covers in that block (no split
-    partials to merge), and never more splits than the workspace holds."""
+    past the keys, a head that 2..FA_CLUSTER_MAX small blocks cover in one round split over that
+    many blocks of one cluster, else one that one round of the widest block covers in that block
+    (no split partials to merge), and never more splits than the workspace holds."""
     got = cuda_ops.attn_vec_launch(D, 2, n_kv, H)
     if D == 80:  # 10 pieces a row: not a power of two, the generic kernel's
         assert got is None
@@ -197,8 +216,13 @@ def test_attention_vec_launch_covers_every_key_in_few_blocks(D, H, n_kv):
     assert 1 <= warps <= cuda_ops.FAV_MAXW and 1 <= steps <= cuda_ops.FAV_STEPS
     assert S * rounds * keys_per_round >= n_kv > (S - 1) * rounds * keys_per_round
     assert S <= cuda_ops.attn_vec_max_splits(H)
-    one_round = cuda_ops.FAV_MAXW * (32 // (D * 2 // 16)) * cuda_ops.FAV_STEPS
-    assert (S == 1 and rounds == 1) == (n_kv <= one_round)
+    kpw = 32 // (D * 2 // 16)
+    one_round = cuda_ops.FAV_MAXW * kpw * cuda_ops.FAV_STEPS
+    clustered = 1 < -(-n_kv // (cuda_ops.FAV_WARPS * kpw * cuda_ops.FAV_STEPS)) <= cuda_ops.FA_CLUSTER_MAX
+    if clustered:
+        assert warps == cuda_ops.FAV_WARPS and rounds == 1 and cuda_ops.attn_cluster(S) == (1, S, 1)
+    else:
+        assert (S == 1 and rounds == 1) == (n_kv <= one_round)
     warps, steps, rounds, S = cuda_ops.attn_vec_launch(D, 2, n_kv, H, solo=False)  # always split blocks
     keys_per_round = warps * (32 // (D * 2 // 16)) * steps
     assert warps == cuda_ops.FAV_WARPS and S <= cuda_ops.attn_vec_max_splits(H)

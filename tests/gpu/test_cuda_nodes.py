@@ -94,9 +94,24 @@ VARIANTS = {
     "attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),
     "attn-rounds": ({"attn_vec_launch": _attn_one_warp(split=False)}, "k_flash_attn_ext_vec_"),
     "attn-split": ({"attn_vec_launch": _attn_one_warp(split=True)}, "k_flash_attn_ext_vec_"),
+    "attn-ticket": ({"FA_CLUSTER_MAX": 0}, "k_flash_attn_ext_vec_"),
     "mmv-seg-16": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 16, "MMV_SEG_MUL_MAT": True}, "_seg_"),
     "mmv-seg-8": ({"MMV_SEG_K_MAX": 1 << 16, "MMV_SEG_LANES": 8, "MMV_SEG_MUL_MAT": True}, "_seg_"),
 }
+
+
+def test_short_context_attention_launches_as_clusters():
+    """llama-3.2-1b's attention over 256 keys: each head's 2 split blocks launched as one
+    thread-block cluster on a Hopper GPU (the merge in distributed shared memory; the node check
+    above holds its result to the reference), not silently dropped to the ticket's merge."""
+    case = model_case("llama-3.2-1b-L2")
+    ex = executor(case, Strategy(allocator="no-reuse"), "cupy")
+    ex.step(case.tokens[0], 5)
+    b = ex.bound(case.cfg.kv_len(5))
+    attn = [h for h, c in zip(b.handles, b.calls) if c.name.startswith("k_flash_attn_ext_vec_")]
+    assert attn, sorted({c.name for c in b.calls})
+    want = (1, 2, 1) if ex.cc >= (9, 0) else None
+    assert all(h.cluster == want for h in attn), [h.cluster for h in attn]
 
 
 @pytest.mark.parametrize("variant", VARIANTS)

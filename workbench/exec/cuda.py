@@ -311,7 +311,8 @@ class CudaExecutor:
             return h
         wait, trigger = (la.wait, la.trigger) if self.strategy.pdl else ("none", "none")
         fn = self.modules.function(call.source, call.name, wait, trigger)
-        return LaunchHandle(call.name, fn, call.grid, call.block, stream, call.args, pdl=la.pdl)
+        cluster = call.cluster if self.cc >= (9, 0) else None  # no clusters before Hopper: the kernel's ticket path
+        return LaunchHandle(call.name, fn, call.grid, call.block, stream, call.args, pdl=la.pdl, cluster=cluster)
 
     def _capture(self, b: _Bound) -> None:
         """Record the Plan's launches (with their fork/join events) into a CUDA graph."""

@@ -34,6 +34,10 @@ FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
 #: the vectorized decode kernel (kernels/attn.cu): most warps of one block, warps of a split block,
 #: most steps a round; split blocks of a head's keys, at most (4 a SM of a 132-SM GPU)
 FAV_MAXW, FAV_WARPS, FAV_STEPS, FA_SPLIT_BLOCKS = 16, 4, 8, 528
+#: most split blocks of a head launched as one thread-block cluster, their partials merged through
+#: distributed shared memory (kernels/attn.cu FA_CLUSTER_MAX; the portable cluster size); 0 or 1:
+#: never a cluster (every split merged by the ticket)
+FA_CLUSTER_MAX = 8
 #: decode attention where the vector kernel applies: "vec" (a block per query head and key chunk)
 #: or "gqa" (a block per KV head and key chunk, its query heads sharing each K/V load:
 #: k_flash_attn_ext_gqa_*). "vec" until benchmarks/kernel_bench.py measures "gqa" faster.
@@ -76,6 +80,8 @@ class KernelCall:
     args: tuple
     numba: tuple[str, tuple[int, ...], tuple[int, ...]] | None = None
     writes: tuple[View, ...] = field(default=(), compare=False)
+    #: thread-block cluster dimensions (sm_90 and later; the kernel works without one too)
+    cluster: tuple[int, int, int] | None = None
 
 
 def i32(v: int) -> ctypes.c_int:
@@ -712,23 +718,34 @@ def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int,
     """(warps, steps, rounds, splits) of the vectorized kernel k_flash_attn_ext_vec_*, or None
     where it does not apply. A round is ``steps`` steps of ``warps * 32 / pieces`` keys, every load
     issued before any is used; a block takes ``rounds`` rounds; ``splits`` blocks share a head.
-    A head whose keys fit one round of FAV_MAXW warps takes one block, which writes the output
-    itself; a longer one is split over blocks of FAV_WARPS warps (their partials merged by the
-    head's last block), at most about FA_SPLIT_BLOCKS blocks, further keys taken in rounds: in
-    isolation on an H200 (``data/bench/attn_policy_h200.md``) one block of 16 warps beats 4 to 8
-    split blocks at 512 keys of head dim 64, many small blocks beat two rounds or two big blocks
-    at head dim 128, and rounds beat ever more splits past a wave. ``solo=False``: split blocks even
-    where one block would do (the launch before one-block heads, for A/B runs)."""
+    Keys that fit 2..FA_CLUSTER_MAX blocks of FAV_WARPS warps in one round take that many, one
+    thread-block cluster a head (``attn_cluster``: the partials merged through distributed shared
+    memory, no ticket); keys that fit one block's round take one block of up to FAV_MAXW warps,
+    which writes the output itself; longer contexts are split over blocks of FAV_WARPS warps
+    (their partials merged by the head's last block), at most about FA_SPLIT_BLOCKS blocks, further
+    keys taken in rounds: in isolation on an H200 (``data/bench/attn_policy_h200.md``) the ticket's
+    merge cost more than one block's extra round, many small blocks beat two rounds or two big
+    blocks at head dim 128, and rounds beat ever more splits past a wave. ``solo=False``: split
+    blocks merged by the ticket (the launch before clusters and one-block heads, for A/B runs)."""
     pieces = attn_vec_pieces(head_dim, itemsize)
     if pieces is None:
         return None
     kpw = 32 // pieces  # keys a warp reads per step
+    per_step = FAV_WARPS * kpw
+    S = ceil(n_kv / (per_step * FAV_STEPS))
+    if solo and 1 < S <= FA_CLUSTER_MAX:
+        return FAV_WARPS, ceil(n_kv / (S * per_step)), 1, S
     if solo and n_kv <= FAV_MAXW * kpw * FAV_STEPS:
         warps = max(1, min(FAV_MAXW, ceil(n_kv / kpw)))
         return warps, max(1, min(FAV_STEPS, ceil(n_kv / (warps * kpw)))), 1, 1
     chunks = ceil(n_kv / (FAV_WARPS * kpw * FAV_STEPS))
     rounds = ceil(chunks / attn_vec_max_splits(n_head))
     return FAV_WARPS, FAV_STEPS, rounds, ceil(chunks / rounds)
+
+
+def attn_cluster(splits: int) -> tuple[int, int, int] | None:
+    """The cluster of a head's ``splits`` blocks (grid (H, splits)), or None: the ticket merges."""
+    return (1, splits, 1) if 1 < splits <= FA_CLUSTER_MAX else None
 
 
 def attn_vec_max_splits(n_head: int) -> int:
@@ -784,7 +801,8 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     args = (arg(d, addr), arg(q, addr, (H, D), q.strides[-2:]), ka, va, arg(mask, addr),
             arg(sinks, addr) if sinks is not None else arg(mask, addr), f32(node.params["scale"]),
             i32(sinks is not None), ptr(base), ptr(base + nbytes - H * 4), *extra)
-    return KernelCall("attn", name, (grid_x, S), (block,), args, None, node.outs)
+    cluster = attn_cluster(S) if name.startswith("k_flash_attn_ext_vec_") else None
+    return KernelCall("attn", name, (grid_x, S), (block,), args, None, node.outs, cluster)
 
 
 def _ssm_conv(node: Node, addr: Addr, _: Workspace) -> KernelCall:

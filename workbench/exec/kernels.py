@@ -215,10 +215,12 @@ class LaunchHandle:
 
     ``pdl``: launched with ``CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION`` (the kernel
     may start before its predecessor on the stream completes; its ``griddepcontrol.wait``
-    orders its dependent reads)."""
+    orders its dependent reads). ``cluster``: thread-block cluster dimensions
+    (``CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION``, sm_90 and later; ``KernelCall.cluster``)."""
 
     def __init__(self, name: str, function: Any, grid: Sequence[int], block: Sequence[int], stream_ptr: int,
-                 args: Sequence[Any], pdl: bool, shared_bytes: int = 0) -> None:
+                 args: Sequence[Any], pdl: bool, shared_bytes: int = 0,
+                 cluster: Sequence[int] | None = None) -> None:
         from cuda.bindings import driver as cu
 
         self._cu = cu
@@ -230,14 +232,21 @@ class LaunchHandle:
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = self.block
         cfg.sharedMemBytes = int(shared_bytes)
         cfg.hStream = cu.CUstream(stream_ptr)
+        attrs = []
         if pdl:
             attr = cu.CUlaunchAttribute()
             attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
             attr.value.programmaticStreamSerializationAllowed = 1
-            cfg.attrs = [attr]
-            cfg.numAttrs = 1
-        else:
-            cfg.numAttrs = 0
+            attrs.append(attr)
+        self.cluster = tuple(int(c) for c in (*cluster, 1, 1)[:3]) if cluster else None
+        if self.cluster:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            dim = attr.value.clusterDim
+            dim.x, dim.y, dim.z = self.cluster
+            attrs.append(attr)
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
         self.pdl = pdl
         self._cfg = cfg
         self._func = cu.CUfunction(function.kernel.ptr)
@@ -252,7 +261,7 @@ class LaunchHandle:
         err, = self._cu.cuLaunchKernelEx(self._cfg, self._func, self._params, 0)
         if err != self._ok:
             raise CudaBackendError(f"cuLaunchKernelEx of {self.name} grid {self.grid} "
-                                   f"block {self.block} failed: {err}")
+                                   f"block {self.block} cluster {self.cluster} failed: {err}")
 
 
 # -------------------------------------------------------------------------------------------
