@@ -43,7 +43,8 @@ BEST = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware",
 #: mat-vecs with at least this many outputs (an lm_head) keep 4 rows a warp in every policy
 TALL = 65536
 _ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_launch": cuda_ops.attn_vec_launch,
-         "norm_threads": cuda_ops.norm_threads, "carveout": kernels.SMEM_CARVEOUT}
+         "norm_threads": cuda_ops.norm_threads, "carveout": kernels.SMEM_CARVEOUT,
+         "attn_cluster_max": cuda_ops.FA_CLUSTER_MAX}
 
 
 def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
@@ -58,8 +59,9 @@ POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
     "mmvq-r1": ("every mat-vec below an lm_head: a warp per row", {"mmvq_split": _split((1, 1))}),
     "mmvq-r2": ("every mat-vec below an lm_head: 2 rows a warp", {"mmvq_split": _split((2, 1))}),
     "attn-split": ("decode attention: every head split over blocks of 4 warps, merged by its last block "
-                   "(the launch before one-block heads)",
-                   {"attn_vec_launch": lambda d, isz, n, h: _ORIG["attn_vec_launch"](d, isz, n, h, solo=False)}),
+                   "(the launch before one-block heads and clusters)",
+                   {"attn_vec_launch": lambda d, isz, n, h: _ORIG["attn_vec_launch"](d, isz, n, h, solo=False),
+                    "attn_cluster_max": 0}),
     "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
                  {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
     **{f"carveout-{c}": (f"every kernel prefers {c} % of L1 as shared memory" if c >= 0 else
@@ -73,6 +75,7 @@ def apply(policy: str) -> None:
     repl = POLICIES[policy][1]
     cuda_quant_ops.mmvq_split = repl.get("mmvq_split", _ORIG["mmvq_split"])
     cuda_ops.attn_vec_launch = repl.get("attn_vec_launch", _ORIG["attn_vec_launch"])
+    cuda_ops.FA_CLUSTER_MAX = repl.get("attn_cluster_max", _ORIG["attn_cluster_max"])
     for mod in (cuda_ops, cuda_quant_ops):
         mod.norm_threads = repl.get("norm_threads", _ORIG["norm_threads"])
     kernels.SMEM_CARVEOUT = repl.get("carveout", _ORIG["carveout"])

@@ -66,7 +66,8 @@ def test_launch_policies_rebind_what_they_name():
     def launches():
         call = {k: cuda_ops.bind(nodes[k], lambda v: 256 + v.offset, lambda key, n: 0)
                 for k in ("Qcur-0", "Kcur-0", "kqv_out-0", "Qcur-0_q8_1", "result_output")}
-        return {k: (c.grid, c.block, [a.value for a in c.args[-2:] if hasattr(a, "value")]) for k, c in call.items()}
+        return {k: (c.grid, c.block, [a.value for a in c.args[-2:] if hasattr(a, "value")], c.cluster)
+                for k, c in call.items()}
 
     base = launches()
     assert base["Qcur-0_q8_1"][1] == (512,) and base["Kcur-0"][2] == [1, 4]  # norm threads, K/V split-K
