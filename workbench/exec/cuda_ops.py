@@ -723,10 +723,10 @@ def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int,
     memory, no ticket); keys that fit one block's round take one block of up to FAV_MAXW warps,
     which writes the output itself; longer contexts are split over blocks of FAV_WARPS warps
     (their partials merged by the head's last block), at most about FA_SPLIT_BLOCKS blocks, further
-    keys taken in rounds: in isolation on an H200 (``data/bench/attn_policy_h200.md``) the ticket's
-    merge cost more than one block's extra round, many small blocks beat two rounds or two big
-    blocks at head dim 128, and rounds beat ever more splits past a wave; clusters against the
-    ticket and one block: ``data/bench/attn_cluster_h200.md``. ``solo=False``: split blocks
+    keys taken in rounds: in isolation on an H200 (``data/bench/attn_policy_h200.md``) one block of
+    16 warps beat 4 to 8 ticket-merged split blocks at 512 keys of head dim 64, many small blocks
+    beat two rounds or two big blocks at head dim 128, and rounds beat ever more splits past a
+    wave; clusters beat both (``data/bench/attn_cluster_h200.md``). ``solo=False``: split blocks
     merged by the ticket (the launch before clusters and one-block heads, for A/B runs)."""
     pieces = attn_vec_pieces(head_dim, itemsize)
     if pieces is None:
