@@ -39,6 +39,10 @@ MODELS = {
     "gpt-oss-tiny": ("gpt-oss-tiny", {}),
     "qwen3-next-tiny": ("qwen3-next-tiny", {}),
     "llama-3.2-1b-L2": ("llama-3.2-1b", {"layers": 2}),
+    # the MoE families at full width (issue 15): gpt-oss-20b's K = 2880 mat-vecs, 32 experts with
+    # biases, sliding-window and full layers; qwen3-30b-a3b's 128 experts of 768 rows
+    "gpt-oss-20b-L2": ("gpt-oss-20b", {"layers": 2}),
+    "qwen3-30b-a3b-L2": ("qwen3-30b-a3b", {"layers": 2}),
 }
 TINY = tuple(m for m in MODELS if m.endswith("tiny"))
 
@@ -54,11 +58,26 @@ class Case:
 
 @cache
 def model_case(name: str) -> Case:
+    """The case's config, seeded weights, tokens and reference logits. With $WORKBENCH_GPU_CASES
+    set to a folder, they are kept there as ``<name>.npz`` and read back by later processes: the
+    full-width MoE cases take a minute or more of NumPy each, which every pytest-xdist worker
+    would otherwise repeat."""
     base, over = MODELS[name]
     cfg = preset(base, **over)
-    weights = random_weights(build_graph(cfg), 0)
     tokens = token_ids(cfg, N_TOKENS + 1, 1)
+    folder = os.environ.get("WORKBENCH_GPU_CASES")
+    path = os.path.join(folder, f"{name}.npz") if folder else None
+    if path and os.path.exists(path):
+        with np.load(path) as z:
+            weights = {k[2:]: z[k] for k in z.files if k.startswith("w:")}
+            return Case(name, cfg, weights, tokens, z["ref"])
+    weights = random_weights(build_graph(cfg), 0)
     ref = run_reference(cfg, weights, tokens[:N_TOKENS], start_pos=START).logits
+    if path:
+        os.makedirs(folder, exist_ok=True)
+        tmp = f"{path}.{os.getpid()}.npz"
+        np.savez(tmp, ref=ref, **{f"w:{k}": v for k, v in weights.items()})
+        os.replace(tmp, path)  # whole or absent for a concurrent reader
     return Case(name, cfg, weights, tokens, ref)
 
 

@@ -276,6 +276,17 @@ class DeviceSpace:
         self.dev = None
 
     def upload(self) -> None:
+        """Copy the host bytes to the device, into memory first filled with NaN (a block freed back
+        to CuPy's pool, which the copy's allocation reuses), so that a kernel reading anything the
+        copy has not yet written sees non-finite values rather than a finite leftover.
+
+        The copy is a blocking ``cudaMemcpy`` from pageable memory: it returns once the bytes are
+        staged, while its DMA may still be running on the legacy default stream. The kernels run on
+        a stream that orders after it (``cp.cuda.Stream()``, blocking, as the executor's stream 0),
+        not a non-blocking one: a non-blocking stream let ``norm-mat-vec-glu-rounds`` (the largest
+        case, 24 MB of weights) read weights before they landed, intermittently (sessions 12, 14)."""
+        poison = self.cp.full(self.host.size // 4 + 1, np.nan, self.cp.float32)
+        del poison
         self.dev = self.cp.asarray(self.host)
 
     def addr(self, v: View) -> int:
@@ -324,7 +335,7 @@ def test_fused_kernel_matches_reference(case, kernels):
     call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
     assert call.name == want_kernel, (case, call.name)
     assert (call.numba is not None) == (fusion in NUMBA), call
-    stream = cp.cuda.Stream(non_blocking=True)
+    stream = cp.cuda.Stream()  # blocking: orders after upload()'s copy (see DeviceSpace.upload)
     if kernels == "numba":
         name, grid, block = call.numba
         NumbaLaunch(name, numba_module().KERNELS[name], grid, block, stream.ptr, call.args)()
