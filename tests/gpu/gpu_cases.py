@@ -6,8 +6,8 @@ summation order (mat-vec over up to 8192 terms, split-context attention, block r
 relative ~1e-6 per op) and by where an fp16 rounding of a K/V cache entry then lands on the
 other side of a half-ulp (relative 2^-11 ~ 4.9e-4 per affected entry), then propagates through
 a few layers, RMS norms and the lm_head. Measured on an H200 over the whole knob matrix: at most
-4.1e-7 of the largest logit (data/bench/gpu_correctness.csv), because the fp16 roundings rarely
-flip; 2e-2 is the bound for the worst case of many flipped cache entries amplified through the
+1.4e-6 of the largest logit (gpt-oss-20b at full width; data/bench/gpu_correctness_s15.csv),
+because the fp16 roundings rarely flip; 2e-2 is the bound for the worst case of many flipped cache entries amplified through the
 layers, and still fails a wrong index, a missed stride or a race (errors of order 1).
 """
 
