@@ -7,8 +7,9 @@ relative ~1e-6 per op) and by where an fp16 rounding of a K/V cache entry then l
 other side of a half-ulp (relative 2^-11 ~ 4.9e-4 per affected entry), then propagates through
 a few layers, RMS norms and the lm_head. Measured on an H200 over the whole knob matrix: at most
 1.4e-6 of the largest logit (gpt-oss-20b at full width; data/bench/gpu_correctness_s15.csv),
-because the fp16 roundings rarely flip; 2e-2 is the bound for the worst case of many flipped cache entries amplified through the
-layers, and still fails a wrong index, a missed stride or a race (errors of order 1).
+because the fp16 roundings rarely flip; 2e-2 is the bound for the worst case of many flipped
+cache entries amplified through the layers, and still fails a wrong index, a missed stride or a
+race (errors of order 1).
 """
 
 from __future__ import annotations
@@ -61,7 +62,8 @@ def model_case(name: str) -> Case:
     """The case's config, seeded weights, tokens and reference logits. With $WORKBENCH_GPU_CASES
     set to a folder, they are kept there as ``<name>.npz`` and read back by later processes: the
     full-width MoE cases take a minute or more of NumPy each, which every pytest-xdist worker
-    would otherwise repeat."""
+    would otherwise repeat. The file is keyed by the case's name only: use a fresh folder per
+    checkout (a scratch folder of the GPU run)."""
     base, over = MODELS[name]
     cfg = preset(base, **over)
     tokens = token_ids(cfg, N_TOKENS + 1, 1)
