@@ -319,8 +319,11 @@ NUMBA = ("add-chain", "rms-norm-mul")
 RUNS = [(c, "cupy") for c in CASES] + [(c, "numba") for c, (f, _, _) in CASES.items() if f in NUMBA]
 
 
-@pytest.mark.parametrize("case,kernels", RUNS, ids=[f"{c}-{k}" for c, k in RUNS])
-def test_fused_kernel_matches_reference(case, kernels):
+def launch_case(case: str, kernels: str = "cupy", non_blocking: bool = False):
+    """Case ``case`` fused by its pass, its one fused node bound over a device copy of its filled
+    buffers and launched alone (``non_blocking``: on a non-blocking stream, the harness's old race;
+    benchmarks/upload_race.py), then the node's NumPy twin over the host bytes: (node, call, host
+    Memory with the reference outputs, device Memory read back)."""
     import cupy as cp
 
     from workbench.exec.kernels import LaunchHandle, NumbaLaunch, module_cache, numba_module
@@ -335,7 +338,8 @@ def test_fused_kernel_matches_reference(case, kernels):
     call = cuda_ops.bind(node, space.addr, lambda key, n: 0)
     assert call.name == want_kernel, (case, call.name)
     assert (call.numba is not None) == (fusion in NUMBA), call
-    stream = cp.cuda.Stream()  # blocking: orders after upload()'s copy (see DeviceSpace.upload)
+    # blocking by default: orders after upload()'s copy (see DeviceSpace.upload)
+    stream = cp.cuda.Stream(non_blocking=non_blocking)
     if kernels == "numba":
         name, grid, block = call.numba
         NumbaLaunch(name, numba_module().KERNELS[name], grid, block, stream.ptr, call.args)()
@@ -345,12 +349,22 @@ def test_fused_kernel_matches_reference(case, kernels):
         LaunchHandle(call.name, fn, call.grid, call.block, stream.ptr, call.args, pdl=False)()
     stream.synchronize()
     NUMPY_OPS[node.op](node, space.mem)
-    gpu = space.device_memory()
+    return node, call, space.mem, space.device_memory()
+
+
+def out_err(ref_mem: Memory, gpu: Memory, out: View) -> float:
+    """Max |gpu - ref| over the largest |ref| of output ``out`` (inf when anything is not finite)."""
+    ref, got = ref_mem.read(out).astype(np.float64), gpu.read(out).astype(np.float64)
+    scale = max(np.abs(ref).max(), 1e-6)
+    return float(np.abs(got - ref).max() / scale) if np.isfinite(got).all() else float("inf")
+
+
+@pytest.mark.parametrize("case,kernels", RUNS, ids=[f"{c}-{k}" for c, k in RUNS])
+def test_fused_kernel_matches_reference(case, kernels):
+    node, call, ref, gpu = launch_case(case, kernels)
     for out in node.outs:
         if out.dtype in ("i32", "i64"):  # expert ids: exact
-            np.testing.assert_array_equal(gpu.read(out), space.mem.read(out), err_msg=f"{case} ({call.name})")
+            np.testing.assert_array_equal(gpu.read(out), ref.read(out), err_msg=f"{case} ({call.name})")
             continue
-        ref, got = space.mem.read(out).astype(np.float64), gpu.read(out).astype(np.float64)
-        scale = max(np.abs(ref).max(), 1e-6)
-        err = float(np.abs(got - ref).max() / scale) if np.isfinite(got).all() else float("inf")
+        err = out_err(ref, gpu, out)
         assert err <= TOL, f"{case} ({call.name}): rel err {err:.3g}"
