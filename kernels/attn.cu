@@ -121,46 +121,78 @@ __device__ __forceinline__ float fa_ld_cluster(const float* p, unsigned rank) {
 }
 
 #define FA_CLUSTER_MAX 8
-// The cluster's merge: every block publishes its (M, L, acc[D]) in shared memory; after the
-// barrier block r merges output elements [r * D / S, (r + 1) * D / S) over the S blocks in rank
-// order (a fixed order: bit-identical replays), the sink in the normaliser; the second barrier
-// keeps every block's shared memory alive until the last remote read.
+// st.shared::cluster of v to p (a __shared__ address of this block) as block `rank` holds it
+__device__ __forceinline__ void fa_st_cluster(float* p, unsigned rank, float v) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+#else
+    *p = v;
+#endif
+}
+
+// First half of the cluster barrier that fa_cluster_merge completes: arrived at the kernel's
+// start, so by the merge every block of the cluster is known to be running (its shared memory
+// can take remote stores) without a wait there.
+__device__ __forceinline__ void fa_cluster_arrive() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
+#endif
+}
+
+__device__ __forceinline__ void fa_cluster_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
+#endif
+}
+
+// A kernel that may merge in a cluster (fa_block_out) calls this first, in every thread.
+__device__ __forceinline__ void fa_cluster_begin() {
+    if (gridDim.y > 1 && fa_cluster_size() == gridDim.y) fa_cluster_arrive();
+}
+
+// The cluster's merge, by pushing: block s stores its (M, L) into every block and element j of
+// its acc (scaled to M) into block j / slice's row s, then one release/acquire barrier; block r
+// merges output elements [r * slice, (r + 1) * slice) over the S rows in rank order (a fixed
+// order: bit-identical replays), the sink in the normaliser, all from its own shared memory.
+// Nothing is read remotely after the barrier, so no second barrier keeps a block alive.
+// Requires fa_cluster_arrive() at the kernel's start (the barrier's previous phase).
 __device__ __noinline__ void fa_cluster_merge(TV& d, float M, float L, const float* wm, const float (*acc)[FA_MAXD],
                                                  int nw, int D, int h, int S, float sink, int has_sinks) {
-    __shared__ float part[FA_MAXD + 2];
-    const int tid = threadIdx.x;
+    __shared__ float recv[FA_MAXD + FA_CLUSTER_MAX], rml[2 * FA_CLUSTER_MAX];
+    const int tid = threadIdx.x, slice = (D + S - 1) / S, me = blockIdx.y % S;
+    fa_cluster_wait();  // every block of the cluster has started (arrived at its start)
     for (int j = tid; j < D; j += blockDim.x) {
         float a = 0.0f;
         for (int w = 0; w < nw; ++w)
             if (wm[w] != -WB_INF) a += acc[w][j] * expf(wm[w] - M);
-        part[2 + j] = a;
+        fa_st_cluster(&recv[me * slice + j % slice], j / slice, a);
     }
-    if (tid == 0) {
-        part[0] = M;
-        part[1] = L;
+    if (tid < S) {
+        fa_st_cluster(&rml[2 * me], tid, M);
+        fa_st_cluster(&rml[2 * me + 1], tid, L);
     }
     fa_cluster_sync();
-    // warp 0: lane s < S reads block s's (M, L); the global max, each block's weight and 1 / sum
+    // warp 0: lane s < S takes block s's (M, L); the global max, each block's weight and 1 / sum
     __shared__ float cw[FA_CLUSTER_MAX], cinv;
     if (tid < 32) {
-        const float ms = tid < S ? fa_ld_cluster(&part[0], tid) : -WB_INF;
+        const float ms = tid < S ? rml[2 * tid] : -WB_INF, ls = tid < S ? rml[2 * tid + 1] : 0.0f;
         const float Mg = fmaxf(warp_max(ms), has_sinks ? sink : -WB_INF);
         const float w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
-        const float lw = w == 0.0f ? 0.0f : fa_ld_cluster(&part[1], tid) * w;
-        const float Lg = warp_sum(lw) + (has_sinks ? expf(sink - Mg) : 0.0f);
+        const float Lg = warp_sum(w == 0.0f ? 0.0f : ls * w) + (has_sinks ? expf(sink - Mg) : 0.0f);
         if (tid < S) cw[tid] = w;
         if (tid == 0) cinv = 1.0f / Lg;
     }
     __syncthreads();
-    const float inv = cinv;
-    const int slice = (D + S - 1) / S, r = blockIdx.y % S;
-    for (int j = r * slice + tid; j < min(D, (r + 1) * slice); j += blockDim.x) {
+    const int j = me * slice + tid;
+    if (tid < slice && j < D) {  // slice <= D / 2 <= blockDim.x: one element a thread
         float a = 0.0f;
         for (int s = 0; s < S; ++s)
-            if (cw[s] != 0.0f) a += fa_ld_cluster(&part[2 + j], s) * cw[s];
-        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * inv);
+            if (cw[s] != 0.0f) a += recv[s * slice + tid] * cw[s];
+        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * cinv);
     }
-    fa_cluster_sync();
 }
 
 // The block's warps merged (in a fixed order) into its (M, L, acc[D]) at the block max M, from
@@ -213,6 +245,7 @@ __device__ __forceinline__ void fa_block_out(TV& d, const float* wm, const float
 template <int KDT>
 __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
                                                   int has_sinks, float* ws, int* tickets) {
+    fa_cluster_begin();  // fa_block_out's cluster merge completes this barrier phase
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     __shared__ float qs[FA_MAXD];
@@ -334,6 +367,7 @@ template <int KDT>
 __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
                                                       int has_sinks, float* ws, int* tickets, int steps,
                                                       int rounds) {
+    fa_cluster_begin();  // fa_block_out's cluster merge completes this barrier phase
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int EPL = KDT == DT_F32 ? 4 : 8;  // elements per 16-byte piece
