@@ -3,8 +3,10 @@ the working tree's, interleaved A B A B in fresh processes (each compiles its ow
 model and weight type. A kernel edit that wins in isolation can lose in a step (code size, index
 math before the first load, neighbours sharing L2); this measures the step.
 
-Each process runs the model's best Strategy (graphs + PDL + Q/K/V streams + every fusion) and
-llama.cpp's default (graphs + PDL + llama.cpp's fusions), warmed up, ``--runs`` times 64 tokens;
+Each process runs the model's best Strategy (graphs + PDL + Q/K/V streams + every fusion), the same
+with PDL's launch signal after the main loop and the implicit sync (``peer_best``: what
+``llamacpp_peer.py`` measures as ours against llama.cpp) and llama.cpp's default (graphs + PDL +
+llama.cpp's fusions), warmed up, ``--runs`` times 64 tokens;
 one JSON line per process (us/token of each run, sorted) to ``--out``.
 
 Usage on the GPU machine::
@@ -50,7 +52,8 @@ def measure(kernel_dir: str | None, model: str, weight_dtype: str, runs: int) ->
         kernels.KERNEL_DIR = Path(kernel_dir)
     cfg = model_config(model, weight_dtype)
     own = frozenset(LLAMACPP_FUSION) | frozenset(WORKBENCH_FUSIONS)
-    strategies = {"best": Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware", fusion=own),
+    best = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware", fusion=own)
+    strategies = {"best": best, "peer_best": best.with_(pdl_trigger="after-main-loop", sync="implicit"),
                   "llamacpp_default": Strategy(graphs=True, pdl=True, fusion=frozenset(LLAMACPP_FUSION))}
     out = {}
     for label, s in strategies.items():
