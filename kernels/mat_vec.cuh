@@ -55,13 +55,49 @@ __device__ __forceinline__ float dot16(const u32x4& w, const float* x, float acc
     return acc;
 }
 
+// MMV_UNROLL vectors at wp, wp + vs, ... into r (the loads of one group of a pipeline).
+__device__ __forceinline__ void ld_group(u32x4 (&r)[MMV_UNROLL], const char* wp, i64 vs) {
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) r[u] = ld_stream(wp + u * vs);
+}
+
+// acc + the dots of one group r with the activations at xp, xp + xs, ... (in order)
+template <int WDT>
+__device__ __forceinline__ float dot_group(const u32x4 (&r)[MMV_UNROLL], const float* xp, int xs, float acc) {
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) acc = dot16<WDT>(r[u], xp + u * xs, acc);
+    return acc;
+}
+
 // The pipelined loop over one weight row: `cur` holds the first MMV_UNROLL vectors (already
 // issued); each iteration issues the next MMV_UNROLL before consuming the current ones.
+// Where every lane has the same whole number of groups (step divides the row's vectors, and
+// MMV_UNROLL the lane's), the loop runs without per-vector bounds checks or index arithmetic,
+// two groups an iteration alternating between two register sets (no copies): a mat-vec with
+// few warps an SM is bound by the instructions it issues per byte (ncu on llama-3.1-8b's Q/K/V:
+// 0.44 instructions a cycle per scheduler; data/bench/kernels_s16_h200.md). Same order of sums.
 template <int WDT>
 __device__ __forceinline__ float row_dot(const char* wr, const float* xr, int nvec, int v, int step,
                                          u32x4 (&cur)[MMV_UNROLL]) {
     constexpr int VEC = WDT == DT_F32 ? 4 : 8;
     float acc = 0.0f;
+    const int n = nvec / step;  // vectors a lane
+    if (n * step == nvec && n % MMV_UNROLL == 0) {
+        const i64 vs = (i64)step * 16;
+        const int xs = step * VEC;
+        const char* wp = wr + (i64)v * 16;
+        const float* xp = xr + (i64)v * VEC;
+        u32x4 nxt[MMV_UNROLL];
+        int k = 0;
+        for (; k + 2 * MMV_UNROLL <= n; k += 2 * MMV_UNROLL) {
+            ld_group(nxt, wp + (k + MMV_UNROLL) * vs, vs);
+            acc = dot_group<WDT>(cur, xp + (i64)k * xs, xs, acc);
+            if (k + 2 * MMV_UNROLL < n) ld_group(cur, wp + (k + 2 * MMV_UNROLL) * vs, vs);
+            acc = dot_group<WDT>(nxt, xp + (i64)(k + MMV_UNROLL) * xs, xs, acc);
+        }
+        if (k < n) acc = dot_group<WDT>(cur, xp + (i64)k * xs, xs, acc);  // an odd number of groups
+        return acc;
+    }
     for (; v < nvec; v += MMV_UNROLL * step) {
         u32x4 nxt[MMV_UNROLL] = {};
 #pragma unroll
@@ -122,12 +158,53 @@ __device__ __forceinline__ void pair_prefetch(const RowPair& p, int nvec, int v,
 
 // The lane's partial dots (a, b) of pair p with x (16-byte aligned); cur holds p's first items on
 // entry (pair_prefetch or the previous call) and the next pair's on return.
+// One group (items t0 .. t0 + MMV_UNROLL - 1 of a pair of J vectors a row, J a multiple of
+// MMV_UNROLL, so the group is one row's): each item's dot added to a (row a) or b (row b).
+template <int WDT>
+__device__ __forceinline__ void pair_group(const u32x4 (&r)[MMV_UNROLL], const float* xp, int xs, int t0, int J,
+                                           float& a, float& b) {
+    const bool in_a = t0 < J;
+    const float* xg = xp + (i64)(in_a ? t0 : t0 - J) * xs;
+#pragma unroll
+    for (int u = 0; u < MMV_UNROLL; ++u) {
+        const float s = dot16<WDT>(r[u], xg + u * xs, 0.0f);
+        if (in_a) a += s; else b += s;
+    }
+}
+
+// Issue group t of the pair whose rows start at pa, pb (this lane's first vector; items t ..
+// t + MMV_UNROLL - 1; from t = 2 J on, the next pair's first items, from na) into r; nothing
+// where that pair is not there.
+__device__ __forceinline__ void pair_issue(u32x4 (&r)[MMV_UNROLL], const char* pa, const char* pb, const char* na,
+                                           bool ok, bool next_ok, int t, int J, int step) {
+    const i64 vs = (i64)step * 16;
+    if (t >= 2 * J) {
+        if (next_ok) ld_group(r, na + (t - 2 * J) * vs, vs);
+    } else if (ok) {
+        ld_group(r, (t < J ? pa + t * vs : pb + (t - J) * vs), vs);
+    }
+}
+
 template <int WDT>
 __device__ __forceinline__ void pair_dot(const RowPair& p, const RowPair& next, const float* x, int nvec, int v,
                                          int step, u32x4 (&cur)[MMV_UNROLL], float& a, float& b) {
     constexpr int VEC = WDT == DT_F32 ? 4 : 8;
     const int J = pair_len(nvec, step), T = 2 * J;
     a = b = 0.0f;
+    if (J * step == nvec && J % MMV_UNROLL == 0) {  // whole groups: no per-vector bounds checks or index math
+        const char* pa = p.a + (i64)v * 16;
+        const char* pb = p.b + (i64)v * 16;
+        const char* na = next.a + (i64)v * 16;
+        const float* xp = x + (i64)v * VEC;
+        for (int t = 0; t < T; t += MMV_UNROLL) {
+            u32x4 nxt[MMV_UNROLL];
+            pair_issue(nxt, pa, pb, na, p.ok, next.ok, t + MMV_UNROLL, J, step);
+            if (p.ok) pair_group<WDT>(cur, xp, step * VEC, t, J, a, b);
+#pragma unroll
+            for (int u = 0; u < MMV_UNROLL; ++u) cur[u] = nxt[u];
+        }
+        return;
+    }
     for (int t0 = 0; t0 < T; t0 += MMV_UNROLL) {
         u32x4 nxt[MMV_UNROLL] = {};
 #pragma unroll
