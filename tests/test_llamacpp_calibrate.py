@@ -115,6 +115,28 @@ def test_peer_rows_keep_their_decode_window():
     assert ("gpt-oss-20b", 8, "default") in m512 and m512[("gpt-oss-20b", 8, "eager")] < 2400
 
 
+def test_knob_effects_say_whether_their_cells_share_a_lease():
+    """llama-3.1-8b's pdl0 and default cells come from two machine leases of 2026-11-25 (session 5
+    and an unnamed one): the PDL knob between them is flagged cross-lease, the graphs knob (both
+    cells of session 5) is not, and a lease-free table (the cuda target's) gets no flag."""
+    import sys
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from sim_fidelity import knob_table
+
+    from workbench.exec.calibrate.llamacpp_fit import measured_table
+
+    t = measured_table(PEER)
+    t = t[(t["model"] == "llama-3.1-8b") & (t["context"].isin([-1, 512]))]
+    leases = t.set_index("config")["leases"]
+    assert leases["pdl0"] == "2026-11-25/5" and leases["default"] == "2026-11-25/-"
+    df = t.assign(label="8b", family="llama", held_out=False, strategy=t["config"], predicted_us=t["us_per_token"])
+    steps = {"pdl": ("pdl0", "default"), "graphs": ("no_graphs_pdl0", "pdl0")}
+    kn = knob_table(df, steps).set_index("knob")
+    assert not kn.at["pdl", "same_lease"] and kn.at["graphs", "same_lease"]
+    assert "same_lease" not in knob_table(df.drop(columns="leases"), steps).columns
+
+
 def test_kernel_counts_compare_a_capture_with_the_schedule():
     from workbench.exec.calibrate.llamacpp_traces import kernel_counts
 

@@ -82,8 +82,11 @@ def measured_table(path: Path) -> pd.DataFrame:
     (preset, layers, config, context, start position, tokens): the median and min..max of every
     repetition of the ``llamacpp`` tool's records (``llama-bench``'s where the backend has none),
     and which tool it is. Context, start position and tokens are the records' (-1 where an older
-    record lacks them: the run's defaults)."""
+    record lacks them: the run's defaults). ``leases``: the machine leases the repetitions came
+    from (``<date>/<session>``, comma-joined): a knob effect between cells of different leases
+    carries their lease-to-lease drift."""
     per: dict[tuple, list[float]] = {}
+    leases: dict[tuple, set[str]] = {}
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
@@ -92,16 +95,19 @@ def measured_table(path: Path) -> pd.DataFrame:
             continue
         us = r["us"] if isinstance(r["us"], list) else [r["us"]]
         window = tuple(int(r.get(k) if r.get(k) is not None else -1) for k in ("context", "start_pos", "tokens"))
-        per.setdefault((r["tool"], *model_key(str(r["model"])), str(r["config"]), *window), []).extend(map(float, us))
+        key = (r["tool"], *model_key(str(r["model"])), str(r["config"]), *window)
+        per.setdefault(key, []).extend(map(float, us))
+        leases.setdefault(key, set()).add(f"{r.get('date', '?')}/{r.get('session', '-')}")
     rows = {}
-    for (tool, model, layers, config, *window), us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
+    for key, us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
+        tool, model, layers, config, *window = key
         if us:  # llamacpp rows come last and replace llama-bench's
             rows[(model, layers, config, *window)] = {
                 "model": model, "layers": layers, "config": config, "context": window[0], "start_pos": window[1],
                 "tokens": window[2], "tool": tool, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
-                "us_max": float(np.max(us))}
+                "us_max": float(np.max(us)), "leases": ",".join(sorted(leases[key]))}
     return pd.DataFrame(list(rows.values()), columns=["model", "layers", "config", "context", "start_pos", "tokens",
-                                                      "tool", "us_per_token", "us_min", "us_max"])
+                                                      "tool", "us_per_token", "us_min", "us_max", "leases"])
 
 
 def read_measured(path: Path | None, context: int | None = None) -> dict[tuple[str, int, str], float]:
