@@ -468,6 +468,14 @@ Read off the tables below (2026-11-25 H200 captures; the fit's sources are in th
   their bytes (one `CPY` fit), CLAMP as a SCALE node.
 * **FLASH_ATTN_EXT** is one fit over head sizes that differ (64 and 128 on llama, 256 on qwen3-next):
   too slow on llama, too fast on qwen3-next.
+* **Q/K/V streams without fusion** (`stack: + Q/K/V streams`, `no_fusion` -> `graphs_pdl_qkv`): llama.cpp
+  gains 4-6 % on llama-3.2-1b, qwen3-30b-a3b and gpt-oss-20b (same lease), the simulator about 0. With
+  fusion the same knob is within about 2 points (`graph_stream_ns` is fitted on those pairs); no
+  `graphs_pdl_qkv` capture exists to fit the unfused branches' overlap from.
+* **Cross-lease effects** (`same_lease` False): llama-3.1-8b's `default`, `graph_opt` and `no_fusion` and
+  qwen3-next's `graph_opt` and `no_fusion` were measured on another lease than the model's other
+  configurations, so the effects between the two sets (qwen3-next's fusion on/off and its stack's last
+  three steps among them) carry the two leases' drift as well as the knob.
 """
 
 
