@@ -156,8 +156,6 @@ __device__ __forceinline__ void pair_prefetch(const RowPair& p, int nvec, int v,
     for (int u = 0; u < MMV_UNROLL; ++u) pair_load(p, J, nvec, v, step, u, cur[u]);
 }
 
-// The lane's partial dots (a, b) of pair p with x (16-byte aligned); cur holds p's first items on
-// entry (pair_prefetch or the previous call) and the next pair's on return.
 // One group (items t0 .. t0 + MMV_UNROLL - 1 of a pair of J vectors a row, J a multiple of
 // MMV_UNROLL, so the group is one row's): each item's dot added to a (row a) or b (row b).
 template <int WDT>
@@ -185,6 +183,8 @@ __device__ __forceinline__ void pair_issue(u32x4 (&r)[MMV_UNROLL], const char* p
     }
 }
 
+// The lane's partial dots (a, b) of pair p with x (16-byte aligned); cur holds p's first items on
+// entry (pair_prefetch or the previous call) and the next pair's on return.
 template <int WDT>
 __device__ __forceinline__ void pair_dot(const RowPair& p, const RowPair& next, const float* x, int nvec, int v,
                                          int step, u32x4 (&cur)[MMV_UNROLL], float& a, float& b) {
