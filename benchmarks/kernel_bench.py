@@ -65,7 +65,8 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
                 "seg8": {**SEG, "MMV_SEG_MUL_MAT": True, "MMV_SEG_LANES": 8}},
     "MUL_MAT_ID": {"default": {}, "warp": {"MMV_SEG_K_MAX": 0}, "seg16": {**SEG, "MMV_SEG_LANES": 16},
                    "seg8": {**SEG, "MMV_SEG_LANES": 8}},
-    "FLASH_ATTN_EXT": {"default": {}, "ticket": {"FA_CLUSTER_MAX": 0}, "gqa": {"FA_VARIANT": "gqa"}},
+    "FLASH_ATTN_EXT": {"default": {}, "ticket": {"FA_CLUSTER_MAX": 0}, "gqa": {"FA_VARIANT": "gqa"},
+                       "cw8": {"FAV_CLUSTER_WARPS": 8}, "cw16": {"FAV_CLUSTER_WARPS": 16}},
 }
 
 

@@ -44,7 +44,7 @@ BEST = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware",
 TALL = 65536
 _ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_launch": cuda_ops.attn_vec_launch,
          "norm_threads": cuda_ops.norm_threads, "carveout": kernels.SMEM_CARVEOUT,
-         "attn_cluster_max": cuda_ops.FA_CLUSTER_MAX}
+         "attn_cluster_max": cuda_ops.FA_CLUSTER_MAX, "attn_cluster_warps": cuda_ops.FAV_CLUSTER_WARPS}
 
 
 def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
@@ -62,6 +62,8 @@ POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
                    "(the launch before one-block heads and clusters)",
                    {"attn_vec_launch": lambda d, isz, n, h: _ORIG["attn_vec_launch"](d, isz, n, h, solo=False),
                     "attn_cluster_max": 0}),
+    **{f"attn-cw{w}": (f"decode attention: blocks of {w} warps in each cluster-merged head (fewer blocks a head)",
+                       {"attn_cluster_warps": w}) for w in (4, 8, 16)},
     "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
                  {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
     **{f"carveout-{c}": (f"every kernel prefers {c} % of L1 as shared memory" if c >= 0 else
@@ -76,6 +78,7 @@ def apply(policy: str) -> None:
     cuda_quant_ops.mmvq_split = repl.get("mmvq_split", _ORIG["mmvq_split"])
     cuda_ops.attn_vec_launch = repl.get("attn_vec_launch", _ORIG["attn_vec_launch"])
     cuda_ops.FA_CLUSTER_MAX = repl.get("attn_cluster_max", _ORIG["attn_cluster_max"])
+    cuda_ops.FAV_CLUSTER_WARPS = repl.get("attn_cluster_warps", _ORIG["attn_cluster_warps"])
     for mod in (cuda_ops, cuda_quant_ops):
         mod.norm_threads = repl.get("norm_threads", _ORIG["norm_threads"])
     kernels.SMEM_CARVEOUT = repl.get("carveout", _ORIG["carveout"])

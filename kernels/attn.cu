@@ -5,7 +5,18 @@
 // partials in a fixed order (so the result does not depend on which block came last: graph
 // replays are bit-identical), adds the attention sink when the model has one (gpt-oss), writes
 // the output and resets the ticket for the next launch.
+// Scores, maxima and sinks are kept in log2 units (scaled by log2 e as they are formed), so each
+// exponential is one ex2.approx (MUFU.EX2) instead of expf's range reduction: a decode attention
+// block is a latency-bound chain of instructions (ncu: data/bench/attn_diet_h100.md).
 #include "common.cuh"
+
+#define FA_LOG2E 1.4426950408889634f
+// 2^x; 2^-inf = 0
+__device__ __forceinline__ float fa_exp2(float x) {
+    float y;
+    asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(y) : "f"(x));
+    return y;
+}
 
 #define FA_WARPS 4
 #define FA_MAXD 256
@@ -45,11 +56,11 @@ __device__ __forceinline__ void fa_combine_partials(TV& d, int D, int h, int S, 
     for (int s = tid; s < S; s += nt) {
         const bool kept = s < FA_COMBINE_S;
         const float ms = kept ? wts[s] : __ldcg(base + (i64)s * (D + 2));
-        const float w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
+        const float w = ms == -WB_INF ? 0.0f : fa_exp2(ms - Mg);
         if (kept) wts[s] = w;
         lsum += w == 0.0f ? 0.0f : (kept ? sums[s] : __ldcg(base + (i64)s * (D + 2) + 1)) * w;
     }
-    const float Lg = block_sum(lsum) + (has_sinks ? expf(sink - Mg) : 0.0f);  // block_sum's barrier publishes wts
+    const float Lg = block_sum(lsum) + (has_sinks ? fa_exp2(sink - Mg) : 0.0f);  // block_sum's barrier publishes wts
     const float inv = 1.0f / Lg;
     for (int j = tid; j < D; j += nt) {
         float a = 0.0f;
@@ -60,7 +71,7 @@ __device__ __forceinline__ void fa_combine_partials(TV& d, int D, int h, int S, 
                 w = wts[s];
             } else {
                 const float ms = __ldcg(base + (i64)s * (D + 2));
-                w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
+                w = ms == -WB_INF ? 0.0f : fa_exp2(ms - Mg);
             }
             if (w != 0.0f) a += __ldcg(base + (i64)s * (D + 2) + 2 + j) * w;
         }
@@ -99,43 +110,62 @@ __device__ __forceinline__ unsigned fa_cluster_size() {
 #endif
 }
 
-__device__ __forceinline__ void fa_cluster_sync() {
-#if __CUDA_ARCH__ >= 900
-    asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory");
-    asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory");
-#endif
-}
-
-// p (a __shared__ address of this block) as block `rank` of the cluster holds it
-__device__ __forceinline__ float fa_ld_cluster(const float* p, unsigned rank) {
-#if __CUDA_ARCH__ >= 900
-    const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    unsigned r;
-    float v;
-    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(r) : "memory");
-    return v;
-#else
-    return *p;
-#endif
-}
-
 #define FA_CLUSTER_MAX 8
-// st.shared::cluster of v to p (a __shared__ address of this block) as block `rank` holds it
-__device__ __forceinline__ void fa_st_cluster(float* p, unsigned rank, float v) {
+// The block's transaction barrier (mbarrier) of the cluster merge: initialised with one arrival
+// before the kernel's cluster arrive, completed when the block's own expect_tx has arrived and
+// the bytes every block of the cluster pushes into it (st.async ... complete_tx) have landed.
+// A barrier.cluster release would order the stores with a GPU-wide memory barrier instead
+// (MEMBAR.ALL.GPU under ncu: data/bench/attn_diet_h100.md).
+__device__ __forceinline__ unsigned fa_bar() {
+    __shared__ alignas(8) unsigned long long bar;
+    return (unsigned)__cvta_generic_to_shared(&bar);
+}
+
+__device__ __forceinline__ void fa_bar_init() {
+#if __CUDA_ARCH__ >= 900
+    if (threadIdx.x == 0) {
+        asm volatile("mbarrier.init.shared::cta.b64 [%0], 1;" ::"r"(fa_bar()) : "memory");
+        asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+    }
+#endif
+}
+
+// v stored at p (a __shared__ address of this block) as block `rank` of the cluster holds it,
+// its 4 bytes counted by rank's barrier
+__device__ __forceinline__ void fa_st_async(float* p, unsigned rank, float v) {
 #if __CUDA_ARCH__ >= 900
     const unsigned a = (unsigned)__cvta_generic_to_shared(p);
-    unsigned r;
+    unsigned r, b;
     asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(rank));
-    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(r), "f"(v) : "memory");
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(b) : "r"(fa_bar()), "r"(rank));
+    asm volatile("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [%0], %1, [%2];"
+                 ::"r"(r), "r"(__float_as_uint(v)), "r"(b) : "memory");
 #else
     *p = v;
 #endif
 }
 
-// First half of the cluster barrier that fa_cluster_merge completes: arrived at the kernel's
-// start, so by the merge every block of the cluster is known to be running (its shared memory
-// can take remote stores) without a wait there.
+// Thread 0 expects `bytes` on the block's barrier; every thread waits for its phase to complete.
+__device__ __forceinline__ void fa_bar_wait(unsigned bytes) {
+#if __CUDA_ARCH__ >= 900
+    const unsigned b = fa_bar();
+    if (threadIdx.x == 0)
+        asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(b), "r"(bytes) : "memory");
+    asm volatile(
+        "{\n"
+        ".reg .pred P1;\n"
+        "WAIT:\n"
+        "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 P1, [%0], 0;\n"
+        "@P1 bra DONE;\n"
+        "bra WAIT;\n"
+        "DONE:\n"
+        "}\n" ::"r"(b) : "memory");
+#endif
+}
+
+// The cluster barrier, arrived at the kernel's start (after fa_bar_init) and waited on before
+// the merge's first remote store: by then every block of the cluster is running and its
+// transaction barrier initialised, without a wait at the start.
 __device__ __forceinline__ void fa_cluster_arrive() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("barrier.cluster.arrive.relaxed.aligned;" ::: "memory");
@@ -150,38 +180,49 @@ __device__ __forceinline__ void fa_cluster_wait() {
 
 // A kernel that may merge in a cluster (fa_block_out) calls this first, in every thread.
 __device__ __forceinline__ void fa_cluster_begin() {
-    if (gridDim.y > 1 && fa_cluster_size() == gridDim.y) fa_cluster_arrive();
+    if (gridDim.y > 1 && fa_cluster_size() == gridDim.y) {
+        fa_bar_init();
+        fa_cluster_arrive();
+    }
 }
 
 // The cluster's merge, by pushing: block s stores its (M, L) into every block and element j of
-// its acc (scaled to M) into block j / slice's row s, then one release/acquire barrier; block r
-// merges output elements [r * slice, (r + 1) * slice) over the S rows in rank order (a fixed
-// order: bit-identical replays), the sink in the normaliser, all from its own shared memory.
-// Nothing is read remotely after the barrier, so no second barrier keeps a block alive.
-// Requires fa_cluster_arrive() at the kernel's start (the barrier's previous phase).
-__device__ __noinline__ void fa_cluster_merge(TV& d, float M, float L, const float* wm, const float (*acc)[FA_MAXD],
-                                                 int nw, int D, int h, int S, float sink, int has_sinks) {
-    __shared__ float recv[FA_MAXD + FA_CLUSTER_MAX], rml[2 * FA_CLUSTER_MAX];
-    const int tid = threadIdx.x, slice = (D + S - 1) / S, me = blockIdx.y % S;
+// its acc (scaled to M) into block j / slice's row s (st.async, counted by the receiving block's
+// transaction barrier fa_bar); once its own barrier completes, block r merges output elements
+// [r * slice, (r + 1) * slice) over the S rows in rank order (a fixed order: bit-identical
+// replays), the sink in the normaliser, all from its own shared memory. Nothing is read remotely,
+// and a block waits for every store into it before it exits. slice is the power of two from
+// ceil(D / S) up (shifts, not divisions; the last ranks may own nothing). dh: the head's first
+// output element, element j at dh + j * ds (fa_block_out). Requires fa_cluster_begin() at the
+// kernel's start (the barriers initialised, the cluster barrier's arrive).
+__device__ __forceinline__ void fa_cluster_merge(char* dh, int ddt, i64 ds, float M, float L, const float* wm,
+                                                 const float (*acc)[FA_MAXD], int nw, int D, int S, float sink,
+                                                 int has_sinks) {
+    __shared__ float recv[2 * (FA_MAXD + FA_CLUSTER_MAX)], rml[2 * FA_CLUSTER_MAX];
+    const int tid = threadIdx.x, me = blockIdx.y % S;
+    int lgs = 0;
+    while ((S << lgs) < D) ++lgs;
+    const int slice = 1 << lgs;
     fa_cluster_wait();  // every block of the cluster has started (arrived at its start)
     for (int j = tid; j < D; j += blockDim.x) {
         float a = 0.0f;
         for (int w = 0; w < nw; ++w)
-            if (wm[w] != -WB_INF) a += acc[w][j] * expf(wm[w] - M);
-        fa_st_cluster(&recv[me * slice + j % slice], j / slice, a);
+            if (wm[w] != -WB_INF) a += acc[w][j] * fa_exp2(wm[w] - M);
+        fa_st_async(&recv[me * slice + (j & (slice - 1))], j >> lgs, a);
     }
     if (tid < S) {
-        fa_st_cluster(&rml[2 * me], tid, M);
-        fa_st_cluster(&rml[2 * me + 1], tid, L);
+        fa_st_async(&rml[2 * me], tid, M);
+        fa_st_async(&rml[2 * me + 1], tid, L);
     }
-    fa_cluster_sync();
+    // every block sends this one its (M, L) and the elements this one owns
+    fa_bar_wait((unsigned)(S * (min(slice, max(0, D - me * slice)) + 2) * 4));
     // warp 0: lane s < S takes block s's (M, L); the global max, each block's weight and 1 / sum
     __shared__ float cw[FA_CLUSTER_MAX], cinv;
     if (tid < 32) {
         const float ms = tid < S ? rml[2 * tid] : -WB_INF, ls = tid < S ? rml[2 * tid + 1] : 0.0f;
         const float Mg = fmaxf(warp_max(ms), has_sinks ? sink : -WB_INF);
-        const float w = ms == -WB_INF ? 0.0f : expf(ms - Mg);
-        const float Lg = warp_sum(w == 0.0f ? 0.0f : ls * w) + (has_sinks ? expf(sink - Mg) : 0.0f);
+        const float w = ms == -WB_INF ? 0.0f : fa_exp2(ms - Mg);
+        const float Lg = warp_sum(w == 0.0f ? 0.0f : ls * w) + (has_sinks ? fa_exp2(sink - Mg) : 0.0f);
         if (tid < S) cw[tid] = w;
         if (tid == 0) cinv = 1.0f / Lg;
     }
@@ -191,7 +232,7 @@ __device__ __noinline__ void fa_cluster_merge(TV& d, float M, float L, const flo
         float a = 0.0f;
         for (int s = 0; s < S; ++s)
             if (cw[s] != 0.0f) a += recv[s * slice + tid] * cw[s];
-        stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * cinv);
+        stf(dh + (i64)j * ds, ddt, a * cinv);
     }
 }
 
@@ -199,7 +240,8 @@ __device__ __noinline__ void fa_cluster_merge(TV& d, float M, float L, const flo
 // each warp's max wm, sum wl and accumulator acc (shared memory). With S == 1 the block held
 // the whole context: it writes the output (the sink in the normaliser); otherwise its partial
 // goes to the workspace and the head's last block merges all S, or, launched as a cluster of
-// the S blocks, the cluster merges them (fa_cluster_merge).
+// the S blocks, the cluster merges them (fa_cluster_merge). d's innermost axis holds whole heads
+// (the host checks it), so head h's output is D elements d.s[3] apart from one offset.
 __device__ __forceinline__ void fa_block_out(TV& d, const float* wm, const float* wl, const float (*acc)[FA_MAXD],
                                              int nw, int D, int h, int sidx, int S, float sink, int has_sinks,
                                              float* ws, int* tickets) {
@@ -207,24 +249,25 @@ __device__ __forceinline__ void fa_block_out(TV& d, const float* wm, const float
     float M = -WB_INF, L = 0.0f;
     for (int w = 0; w < nw; ++w) M = fmaxf(M, wm[w]);
     for (int w = 0; w < nw; ++w)
-        if (wm[w] != -WB_INF) L += wl[w] * expf(wm[w] - M);
+        if (wm[w] != -WB_INF) L += wl[w] * fa_exp2(wm[w] - M);
+    char* dh = d.p + tv_off(d, d.n, h * D);
     if (S > 1 && (int)fa_cluster_size() == S) {
-        fa_cluster_merge(d, M, L, wm, acc, nw, D, h, S, sink, has_sinks);
+        fa_cluster_merge(dh, d.dt, d.s[3], M, L, wm, acc, nw, D, S, sink, has_sinks);
         return;
     }
     float out_scale = 1.0f;
     if (S == 1) {
         const float Mg = fmaxf(M, has_sinks ? sink : -WB_INF);
-        const float wblk = M == -WB_INF ? 0.0f : expf(M - Mg);
-        out_scale = wblk / (L * wblk + (has_sinks ? expf(sink - Mg) : 0.0f));
+        const float wblk = M == -WB_INF ? 0.0f : fa_exp2(M - Mg);
+        out_scale = wblk / (L * wblk + (has_sinks ? fa_exp2(sink - Mg) : 0.0f));
     }
     float* part = ws + ((i64)h * S + sidx) * (D + 2);
     for (int j = tid; j < D; j += blockDim.x) {
         float a = 0.0f;
         for (int w = 0; w < nw; ++w)
-            if (wm[w] != -WB_INF) a += acc[w][j] * expf(wm[w] - M);
+            if (wm[w] != -WB_INF) a += acc[w][j] * fa_exp2(wm[w] - M);
         if (S == 1)
-            stf(d.p + tv_off(d, d.n, h * D + j), d.dt, a * out_scale);
+            stf(dh + (i64)j * d.s[3], d.dt, a * out_scale);
         else
             part[2 + j] = a;
     }
@@ -257,7 +300,8 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
     const int g = h / (H / Hkv);
     const int chunk = (n_kv + S - 1) / S;
     const int t0 = sidx * chunk, t1 = min(n_kv, t0 + chunk);
-    const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) : 0.0f;  // a weight
+    const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) * FA_LOG2E : 0.0f;  // a weight
+    scale *= FA_LOG2E;
     const char* qr = q.p + (i64)h * q.s[2];
     PDL_WAIT(first_read);
     const float q0 = tid < D ? ldf_v(qr + (i64)tid * q.s[3], q.dt) : 0.0f;
@@ -275,7 +319,7 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
     const char* kbase = k.p + (i64)g * k.s[2];
     const char* vbase = v.p + (i64)g * v.s[2];
     for (int t = t0 + warp; t < t1; t += FA_WARPS) {
-        const float mk = ldf(mask.p + (i64)t * mask.s[3], mask.dt);
+        const float mk = ldf(mask.p + (i64)t * mask.s[3], mask.dt) * FA_LOG2E;
         if (mk == -WB_INF) continue;  // uniform over the warp
         const char* kr = kbase + (i64)t * k.s[1];
         float p = 0.0f;
@@ -286,7 +330,7 @@ __device__ __forceinline__ void flash_attn_decode(TV d, TV q, TV k, TV v, TV mas
         }
         const float s = warp_sum(p) * scale + mk;
         const float mn = fmaxf(m, s);
-        const float corr = expf(m - mn), e = expf(s - mn);
+        const float corr = fa_exp2(m - mn), e = fa_exp2(s - mn);
         l = l * corr + e;
         const char* vr = vbase + (i64)t * v.s[1];
 #pragma unroll
@@ -363,6 +407,11 @@ __device__ __forceinline__ void fa_load_round(fa_u4 (&kv)[FAV_STEPS], fa_u4 (&vv
     }
 }
 
+// A block is a latency-bound chain of instructions (ncu: data/bench/attn_diet_h100.md), so the
+// lane split is shifts (P = 2^lg pieces a row, a power of two: the host), the reductions over a
+// key's lanes are unrolled shuffles under a uniform predicate, the loads' addresses advance by one
+// stride a step from per-lane bases computed once (no per-step 64-bit index math), the mask is
+// read as f32 (the host checks it) and the only division is h's KV head.
 template <int KDT>
 __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV mask, TV sinks, float scale,
                                                       int has_sinks, float* ws, int* tickets, int steps,
@@ -371,27 +420,47 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int EPL = KDT == DT_F32 ? 4 : 8;  // elements per 16-byte piece
+    const int lg = 31 - __clz(q.n[3] / EPL), P = 1 << lg, KPW = 32 >> lg;
     __shared__ float qs[FA_MAXD];
     __shared__ float wm[FAV_MAXW], wl[FAV_MAXW];
     __shared__ float accs[FAV_MAXW][FA_MAXD];
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5, NW = blockDim.x >> 5;
     const int h = blockIdx.x, sidx = blockIdx.y, S = gridDim.y;
     const int H = q.n[2], D = q.n[3], n_kv = k.n[1], Hkv = k.n[2];
-    const int P = D / EPL, LPK = P, KPW = 32 / LPK;  // host: P is a power of two <= 32
-    const int sub = lane / LPK, pl = lane % LPK;
-    const int g = h / (H / Hkv);
-    const int chunk = NW * KPW * steps;
+    const int sub = lane >> lg, pl = lane & (P - 1);
+    const int g = h * Hkv / H;  // h / (H / Hkv)
+    const int tstep = NW * KPW, chunk = tstep * steps;
+    const int tl = warp * KPW + sub;  // this lane's key within a step
     const int t0 = sidx * rounds * chunk;
-    const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) : 0.0f;  // a weight
+    const float sink = has_sinks ? ldf(sinks.p + (i64)h * sinks.s[3], sinks.dt) * FA_LOG2E : 0.0f;  // a weight
+    scale *= FA_LOG2E;
     const char* qr = q.p + (i64)h * q.s[2];
-    const char* kb = k.p + (i64)g * k.s[2] + (i64)pl * 16;
-    const char* vb = v.p + (i64)g * v.s[2] + (i64)pl * 16;
+    const char* kb = k.p + (i64)g * k.s[2] + (i64)pl * 16 + (i64)tl * k.s[1];
+    const char* vb = v.p + (i64)g * v.s[2] + (i64)pl * 16 + (i64)tl * v.s[1];
+    const char* mb = mask.p + (i64)tl * mask.s[3];
+    const i64 kst = (i64)tstep * k.s[1], vst = (i64)tstep * v.s[1], mst = (i64)tstep * mask.s[3];
     PDL_WAIT(first_read);
     const float q0 = tid < D ? ldf_v(qr + (i64)tid * q.s[3], q.dt) : 0.0f;
     PDL_WAIT(late);
     fa_u4 kv[FAV_STEPS], vv[FAV_STEPS];
     float mk[FAV_STEPS];
-    auto load = [&](int tr) { fa_load_round(kv, vv, mk, kb, vb, k, v, mask, tr, NW, warp, KPW, sub, steps, n_kv); };
+    // one round's K, V and mask loads (keys tr + tl + st * tstep), all issued before any is used
+    auto load = [&](int tr) {
+        const char* kp = kb + (i64)tr * k.s[1];
+        const char* vp = vb + (i64)tr * v.s[1];
+        const char* mp = mb + (i64)tr * mask.s[3];
+        const int left = n_kv - tr - tl;  // step st reads a key while st * tstep < left
+#pragma unroll
+        for (int st = 0; st < FAV_STEPS; ++st) {
+            const bool ok = st < steps && st * tstep < left;
+            kv[st] = ok ? fa_ld16(kp) : fa_u4{0u, 0u, 0u, 0u};
+            vv[st] = ok ? fa_ld16(vp) : fa_u4{0u, 0u, 0u, 0u};
+            mk[st] = ok ? *(const float*)mp : -WB_INF;  // in natural units: scaled where used
+            kp += kst;
+            vp += vst;
+            mp += mst;
+        }
+    };
     load(t0);  // the first round's loads are in flight while q is staged
     for (int j = tid; j < D; j += blockDim.x) qs[j] = j == tid ? q0 : ldf(qr + (i64)j * q.s[3], q.dt);
     __syncthreads();
@@ -411,19 +480,21 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
             float p = 0.0f;
 #pragma unroll
             for (int e = 0; e < EPL; ++e) p = fmaf(qp[e], fa_el<KDT>(kv[st], e), p);
-            for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-            sc[st] = mk[st] != -WB_INF ? p * scale + mk[st] : -WB_INF;
+#pragma unroll
+            for (int o = 16; o > 0; o >>= 1)
+                if (o < P) p += __shfl_xor_sync(0xffffffffu, p, o);
+            sc[st] = mk[st] != -WB_INF ? fmaf(mk[st], FA_LOG2E, p * scale) : -WB_INF;  // masked or past the keys
             mr = fmaxf(mr, sc[st]);
         }
         const float mn = fmaxf(m, warp_max(mr));
         if (mn == -WB_INF) continue;  // every key of this warp so far masked (uniform over the warp)
-        const float corr = m == -WB_INF ? 0.0f : expf(m - mn);
+        const float corr = fa_exp2(m - mn);  // 0 while m is -inf
         l *= corr;
 #pragma unroll
         for (int e = 0; e < EPL; ++e) acc[e] *= corr;
 #pragma unroll
         for (int st = 0; st < FAV_STEPS; ++st) {
-            const float p = sc[st] == -WB_INF ? 0.0f : expf(sc[st] - mn);
+            const float p = fa_exp2(sc[st] - mn);  // 0 for a masked key
             if (pl == 0) l += p;
 #pragma unroll
             for (int e = 0; e < EPL; ++e) acc[e] = fmaf(p, fa_el<KDT>(vv[st], e), acc[e]);
@@ -433,9 +504,11 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     PDL_TRIGGER(after_main_loop);
     l = warp_sum(l);
     // reduce acc over the key slots of the warp (lanes with the same piece)
-    for (int o = LPK; o < 32; o <<= 1)
 #pragma unroll
-        for (int e = 0; e < EPL; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
+    for (int o = 1; o < 32; o <<= 1)
+        if (o >= P)
+#pragma unroll
+            for (int e = 0; e < EPL; ++e) acc[e] += __shfl_xor_sync(0xffffffffu, acc[e], o);
     if (lane == 0) { wm[warp] = m; wl[warp] = l; }
     if (sub == 0)
 #pragma unroll
@@ -444,6 +517,7 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     fa_block_out(d, wm, wl, accs, NW, D, h, sidx, S, sink, has_sinks, ws, tickets);
     PDL_TRIGGER(end);
 }
+
 
 // The GQA-shared variant of the vectorized kernel: block (g, s) takes key chunk s of KV head g
 // for all G = H / H_kv query heads that read it, so each K and V piece is loaded from memory
@@ -463,6 +537,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
     PDL_TRIGGER(start);
     PDL_WAIT(start);
     constexpr int EPL = KDT == DT_F32 ? 4 : 8;
+    scale *= FA_LOG2E;
     __shared__ float qs[FAG_MAXQ];
     __shared__ float sks[FAG_MAXG];
     __shared__ float red[FAV_WARPS];
@@ -488,7 +563,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
         qs[j] = j == tid && hh == 0 ? q0 : ldf(qg + (i64)hh * q.s[2] + (i64)e * q.s[3], q.dt);
     }
     for (int j = tid; j < G; j += blockDim.x)  // a weight
-        sks[j] = has_sinks ? ldf(sinks.p + (i64)(g * G + j) * sinks.s[3], sinks.dt) : 0.0f;
+        sks[j] = has_sinks ? ldf(sinks.p + (i64)(g * G + j) * sinks.s[3], sinks.dt) * FA_LOG2E : 0.0f;
     __syncthreads();
     for (int hh = 0; hh < G; ++hh) {
         const int h = g * G + hh;
@@ -500,7 +575,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
 #pragma unroll
             for (int e = 0; e < EPL; ++e) p = fmaf(qs[hh * D + pl * EPL + e], fa_el<KDT>(kv[st], e), p);
             for (int o = LPK >> 1; o > 0; o >>= 1) p += __shfl_xor_sync(0xffffffffu, p, o);
-            sc[st] = mk[st] != -WB_INF ? p * scale + mk[st] : -WB_INF;
+            sc[st] = mk[st] != -WB_INF ? fmaf(mk[st], FA_LOG2E, p * scale) : -WB_INF;
             m = fmaxf(m, sc[st]);
         }
         m = warp_max(m);
@@ -514,7 +589,7 @@ __device__ __forceinline__ void flash_attn_decode_gqa(TV d, TV q, TV k, TV v, TV
         for (int e = 0; e < EPL; ++e) acc[e] = 0.0f;
 #pragma unroll
         for (int st = 0; st < FAV_STEPS; ++st) {
-            const float p = (m == -WB_INF || sc[st] == -WB_INF) ? 0.0f : expf(sc[st] - m);
+            const float p = (m == -WB_INF || sc[st] == -WB_INF) ? 0.0f : fa_exp2(sc[st] - m);
             if (pl == 0) l += p;
 #pragma unroll
             for (int e = 0; e < EPL; ++e) acc[e] = fmaf(p, fa_el<KDT>(vv[st], e), acc[e]);

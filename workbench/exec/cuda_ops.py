@@ -38,6 +38,9 @@ FAV_MAXW, FAV_WARPS, FAV_STEPS, FA_SPLIT_BLOCKS = 16, 4, 8, 528
 #: distributed shared memory (kernels/attn.cu FA_CLUSTER_MAX; the portable cluster size); 0 or 1:
 #: never a cluster (every split merged by the ticket)
 FA_CLUSTER_MAX = 8
+#: warps of each block of a cluster-merged head (attn_vec_launch): more warps a block, fewer blocks
+#: (and cluster members) a head
+FAV_CLUSTER_WARPS = 4
 #: decode attention where the vector kernel applies: "vec" (a block per query head and key chunk)
 #: or "gqa" (a block per KV head and key chunk, its query heads sharing each K/V load:
 #: k_flash_attn_ext_gqa_*). "vec" until benchmarks/kernel_bench.py measures "gqa" faster.
@@ -732,10 +735,10 @@ def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int,
     if pieces is None:
         return None
     kpw = 32 // pieces  # keys a warp reads per step
-    per_step = FAV_WARPS * kpw
+    per_step = FAV_CLUSTER_WARPS * kpw
     S = ceil(n_kv / (per_step * FAV_STEPS))
     if solo and 1 < S <= FA_CLUSTER_MAX:
-        return FAV_WARPS, ceil(n_kv / (S * per_step)), 1, S
+        return FAV_CLUSTER_WARPS, ceil(n_kv / (S * per_step)), 1, S
     if solo and n_kv <= FAV_MAXW * kpw * FAV_STEPS:
         warps = max(1, min(FAV_MAXW, ceil(n_kv / kpw)))
         return warps, max(1, min(FAV_STEPS, ceil(n_kv / (warps * kpw)))), 1, 1
@@ -780,6 +783,8 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
     if D > FA_MAXD or H % Hkv or k.dtype != v.dtype:
         raise BindError(f"{node.name}: head_dim {D} (max {FA_MAXD}), {H} heads over {Hkv} KV heads, "
                         f"K {k.dtype} / V {v.dtype}")
+    if d.shape[-1] % D:  # kernels/attn.cu fa_block_out: a head's outputs lie on the innermost axis
+        raise BindError(f"{node.name}: output {d.shape} does not hold whole heads of {D} on its last axis")
     ka, va = arg(k, addr), arg(v, addr)
     rows_max = max(n_kv, k.buffer.nbytes // max(1, k.strides[0]))  # the cache's context
     vec = attn_vec_launch(D, k.itemsize, n_kv, H)
@@ -791,7 +796,7 @@ def _attn(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
         # S over every KV length up to the cache's: at most ceil(FA_TARGET_BLOCKS / Hkv) + 1 while
         # steps < 8, else growing with the length
         s_max = max(ceil(FA_TARGET_BLOCKS / Hkv) + 1, ceil(rows_max / attn_gqa_chunk(D, k.itemsize, rows_max, Hkv)[1]))
-    elif vec is not None and _rows16(k, ka) and _rows16(v, va):
+    elif vec is not None and _rows16(k, ka) and _rows16(v, va) and mask.dtype == "f32":
         warps, steps, rounds, S = vec
         s_max, name, extra, block = attn_vec_max_splits(H), f"k_flash_attn_ext_vec_{k.dtype}", \
             (i32(steps), i32(rounds)), 32 * warps
