@@ -4,8 +4,9 @@ For every distinct mat-vec (MUL_MAT, MUL_MAT_ID) and decode-attention (FLASH_ATT
 layer 0 and the head of llama-3.2-1b, llama-3.1-8b, qwen3-30b-a3b and gpt-oss-20b (f16 weights and
 KV, 512 KV rows), the node is bound by ``workbench.exec.cuda_ops`` under each variant of its
 selection constants (the current default, and what each constant would switch on: the GQA-shared
-attention, the segmented short-row mat-vecs with 16 or 8 lanes per row, the block or the
-row-streaming kernel for every N), run once and compared with the node's NumPy twin (relative to
+attention, 8- or 16-warp blocks in a cluster-merged attention head, the segmented short-row
+mat-vecs with 16 or 8 lanes per row, the block or the row-streaming kernel for every N), run once
+and compared with the node's NumPy twin (relative to
 the largest reference value, 5e-3 as tests/gpu/test_cuda_nodes.py), then timed:
 ``--reps`` launches captured in one CUDA graph and replayed between CUDA events
 (``graph_replay_seconds``: no host cost inside), median and min-max over ``--samples`` such

@@ -39,7 +39,8 @@ FAV_MAXW, FAV_WARPS, FAV_STEPS, FA_SPLIT_BLOCKS = 16, 4, 8, 528
 #: never a cluster (every split merged by the ticket)
 FA_CLUSTER_MAX = 8
 #: warps of each block of a cluster-merged head (attn_vec_launch): more warps a block, fewer blocks
-#: (and cluster members) a head
+#: (and cluster members) a head; 8 and 16 were slower alone and no faster in whole steps
+#: (data/bench/attn_diet_h100.md)
 FAV_CLUSTER_WARPS = 4
 #: decode attention where the vector kernel applies: "vec" (a block per query head and key chunk)
 #: or "gqa" (a block per KV head and key chunk, its query heads sharing each K/V load:
@@ -721,7 +722,7 @@ def attn_vec_launch(head_dim: int, itemsize: int, n_kv: int, n_head: int,
     """(warps, steps, rounds, splits) of the vectorized kernel k_flash_attn_ext_vec_*, or None
     where it does not apply. A round is ``steps`` steps of ``warps * 32 / pieces`` keys, every load
     issued before any is used; a block takes ``rounds`` rounds; ``splits`` blocks share a head.
-    Keys that fit 2..FA_CLUSTER_MAX blocks of FAV_WARPS warps in one round take that many, one
+    Keys that fit 2..FA_CLUSTER_MAX blocks of FAV_CLUSTER_WARPS warps in one round take that many, one
     thread-block cluster a head (``attn_cluster``: the partials merged through distributed shared
     memory, no ticket); keys that fit one block's round take one block of up to FAV_MAXW warps,
     which writes the output itself; longer contexts are split over blocks of FAV_WARPS warps
