@@ -518,7 +518,6 @@ __device__ __forceinline__ void flash_attn_decode_vec(TV d, TV q, TV k, TV v, TV
     PDL_TRIGGER(end);
 }
 
-
 // The GQA-shared variant of the vectorized kernel: block (g, s) takes key chunk s of KV head g
 // for all G = H / H_kv query heads that read it, so each K and V piece is loaded from memory
 // once per group instead of once per query head (the loads sit in registers, as above, and every

@@ -21,7 +21,7 @@ from workbench.exec.kernels import KERNEL_DIR, SOURCES, CudaBackendError, requir
 from workbench.exec.memory import Memory
 from workbench.exec.reference import load_static
 from workbench.exec.reference_ops import NUMPY_OPS, attend
-from workbench.graph.tensor import Buffer, View
+from workbench.graph.tensor import View
 from workbench.models import build_graph, preset
 from workbench.models.blocks import step_input_values
 from workbench.models.weights import random_weights
@@ -81,12 +81,18 @@ def _bound_calls(cfg, strategy: Strategy, ops: tuple[str, ...], n_kv: int = 512)
     """Node name -> bound KernelCall for the launches of ``ops`` in the Plan of ``cfg``, every buffer
     at a 256-byte aligned offset of a notional device (no memory is allocated: full sizes bind)."""
     plan = compile_plan(build_graph(cfg, n_kv), strategy)
+    addr = _notional_addr(plan.graph)
+    return {la.node.name: cuda_ops.bind(la.node, addr, lambda k, n: 0) for la in plan.launches if la.node.op in ops}
+
+
+def _notional_addr(graph):
+    """A view's address with every buffer of ``graph`` at a 256-byte aligned offset of a notional
+    device (nothing allocated)."""
     space_addr, top = {}, 0
-    for b in plan.graph.buffers().values():
+    for b in graph.buffers().values():
         space_addr[b.name] = top
         top += -(-b.nbytes // 256) * 256
-    return {la.node.name: cuda_ops.bind(la.node, lambda v: space_addr[v.buffer.name] + v.offset, lambda k, n: 0)
-            for la in plan.launches if la.node.op in ops}
+    return lambda v: space_addr[v.buffer.name] + v.offset
 
 
 def _bound_kernels(cfg, strategy: Strategy, ops: tuple[str, ...], n_kv: int = 512) -> dict[str, str]:
@@ -109,8 +115,8 @@ def test_short_context_attention_is_one_cluster_a_head(model, n_kv, splits):
         assert call.block == (32 * cuda_ops.FAV_CLUSTER_WARPS,)
 
 
-def _attn_node(**views):
-    """llama-3.2-1b's decode attention node with some of its views replaced (q, k, v, mask, dst)."""
+def _bind_attn(**views):
+    """llama-3.2-1b's decode attention node, some of its views replaced (q, k, v, mask, dst), bound."""
     plan = compile_plan(build_graph(preset("llama-3.2-1b", layers=1, context=512), 512), Strategy())
     node = next(la.node for la in plan.launches if la.node.op == "FLASH_ATTN_EXT")
     srcs = list(node.srcs)
@@ -118,27 +124,22 @@ def _attn_node(**views):
         if key in views:
             srcs[i] = views[key](srcs[i])
     outs = (views["dst"](node.dst), *node.outs[1:]) if "dst" in views else node.outs
-    return dataclasses.replace(node, srcs=tuple(srcs), outs=outs)
-
-
-def _bind_attn(node):
-    return cuda_ops.bind(node, lambda v: 256 * (hash(v.buffer.name) % 4096), lambda k, n: 0)
+    return cuda_ops.bind(dataclasses.replace(node, srcs=tuple(srcs), outs=outs), _notional_addr(plan.graph),
+                         lambda k, n: 0)
 
 
 def test_attention_vector_kernel_needs_an_f32_mask():
     """kernels/attn.cu's vector kernel reads the mask as f32 (one load a key, no dtype branch): an
     f16 mask binds the generic kernel, which converts any dtype."""
-    assert _bind_attn(_attn_node()).name == "k_flash_attn_ext_vec_f16"
-    f16 = _attn_node(mask=lambda m: View.of(Buffer(m.buffer.name, m.buffer.nbytes, m.buffer.kind), m.shape, "f16"))
-    assert _bind_attn(f16).name == "k_flash_attn_ext_f16"
+    assert _bind_attn().name == "k_flash_attn_ext_vec_f16"
+    assert _bind_attn(mask=lambda m: View.of(m.buffer, m.shape, "f16")).name == "k_flash_attn_ext_f16"
 
 
 def test_attention_output_must_hold_whole_heads_on_its_last_axis():
     """fa_block_out writes a head's D outputs d.s[3] apart from one offset: an output whose last
     axis splits heads is a BindError naming the shape, not a wrong write."""
-    bad = _attn_node(dst=lambda d: View.of(d.buffer, (d.numel // 32, 32), d.dtype))  # D = 64
     with pytest.raises(cuda_ops.BindError, match="whole heads"):
-        _bind_attn(bad)
+        _bind_attn(dst=lambda d: View.of(d.buffer, (d.numel // 32, 32), d.dtype))  # D = 64
 
 
 def test_full_size_hot_kernels_are_the_vector_ones():
