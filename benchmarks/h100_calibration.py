@@ -1,5 +1,6 @@
 """Compose ``data/calibration/h100.json``: the H100's device and kernel model as measured on an
-H100 (``data/bench/calibration_h100_measured.json``, `workbench calibrate` on 2026-11-21), the
+H100 (``data/bench/calibration_h100_measured.json``, `workbench calibrate` on 2026-11-27, raw in
+``calibration_raw_h100_s18.json.gz``), the
 Python host profile and the eager front-end parameters carried over from the measured H200 file.
 
 Why the host half is carried over: the host costs fitted on the lent H100 machine were not
@@ -10,7 +11,7 @@ runtime. The eager front-end parameters (``eager_pdl_release_ns``, ``eager_chann
 belong to the GH100 die's host interface, the same on both GPUs.
 
     python benchmarks/h100_calibration.py            # writes data/calibration/h100.json
-    python benchmarks/sim_fidelity.py report data/bench/sim_fidelity_h100_measured.json
+    python benchmarks/sim_fidelity.py report data/bench/decode_matrix_h100_s18.jsonl --gpu h100 --out-dir data/bench
 """
 
 from __future__ import annotations

@@ -44,7 +44,8 @@ BEST = Strategy(graphs=True, pdl=True, streams="qkv", allocator="stream-aware",
 TALL = 65536
 _ORIG = {"mmvq_split": cuda_quant_ops.mmvq_split, "attn_vec_launch": cuda_ops.attn_vec_launch,
          "norm_threads": cuda_ops.norm_threads, "carveout": kernels.SMEM_CARVEOUT,
-         "attn_cluster_max": cuda_ops.FA_CLUSTER_MAX, "attn_cluster_warps": cuda_ops.FAV_CLUSTER_WARPS}
+         "attn_cluster_max": cuda_ops.FA_CLUSTER_MAX, "attn_cluster_warps": cuda_ops.FAV_CLUSTER_WARPS,
+         "fmv_max_blocks": cuda_ops.FMV_MAX_BLOCKS}
 
 
 def _split(short: tuple[int, int]) -> Callable[[int, int], tuple[int, int]]:
@@ -64,6 +65,9 @@ POLICIES: dict[str, tuple[str, dict[str, Callable]]] = {
                     "attn_cluster_max": 0}),
     **{f"attn-cw{w}": (f"decode attention: blocks of {w} warps in each cluster-merged head (fewer blocks a head)",
                        {"attn_cluster_warps": w}) for w in (4, 8, 16)},
+    **{f"fmv-{b}": (f"the persistent fused mat-vecs: {b} resident blocks an SM, not 4 (the register file's "
+                    f"other {4 - b} block slots free for the next kernel's blocks under PDL)",
+                    {"fmv_max_blocks": b * 132}) for b in (2, 3)},
     "norm-256": ("norms: a thread per 8 elements (256 threads over 2048)",
                  {"norm_threads": lambda L, what="row": cuda_ops._row_threads(L, what=what)}),
     **{f"carveout-{c}": (f"every kernel prefers {c} % of L1 as shared memory" if c >= 0 else
@@ -82,6 +86,7 @@ def apply(policy: str) -> None:
     for mod in (cuda_ops, cuda_quant_ops):
         mod.norm_threads = repl.get("norm_threads", _ORIG["norm_threads"])
     kernels.SMEM_CARVEOUT = repl.get("carveout", _ORIG["carveout"])
+    cuda_ops.FMV_MAX_BLOCKS = repl.get("fmv_max_blocks", _ORIG["fmv_max_blocks"])
 
 
 def measure(model: str, layers: int, dtype: str, policies: list[str], rounds: int, tokens: int,
@@ -101,7 +106,7 @@ def measure(model: str, layers: int, dtype: str, policies: list[str], rounds: in
     finally:
         apply("default")
     return {"model": model, "layers": layers or cfg.n_layer, "weight_dtype": dtype, "strategy": best.label(),
-            "tokens": tokens, "us": us}
+            "pdl_trigger": best.pdl_trigger, "tokens": tokens, "us": us}
 
 
 def table(results: list[dict], device: str) -> str:
@@ -111,14 +116,15 @@ def table(results: list[dict], device: str) -> str:
            f"`{label}`, context 512, tokens from position 448; "
            "median (min..max) over the rounds; "
            "the change against `default` in the same run.", "",
-           "| model | weights | policy | what it changes | us/token | min..max | vs default |",
-           "|---|---|---|---|---:|---:|---:|"]
+           "| model | weights | PDL trigger | policy | what it changes | us/token | min..max | vs default |",
+           "|---|---|---|---|---|---:|---:|---:|"]
     for r in results:
         base = statistics.median(r["us"]["default"]) if "default" in r["us"] else None
         for p, xs in r["us"].items():
             m = statistics.median(xs)
             rel = f"{100 * (m / base - 1):+.1f} %" if base else ""
-            out.append(f"| {r['model']} ({r['layers']} layers) | {r['weight_dtype']} | `{p}` | {POLICIES[p][0]} | "
+            out.append(f"| {r['model']} ({r['layers']} layers) | {r['weight_dtype']} | {r.get('pdl_trigger', '')} | "
+                       f"`{p}` | {POLICIES[p][0]} | "
                        f"{m:.1f} | {min(xs):.0f}..{max(xs):.0f} | {rel} |")
     return "\n".join(out) + "\n"
 
@@ -132,7 +138,7 @@ def main(argv=None) -> int:
     ap.add_argument("--tokens", type=int, default=64)
     ap.add_argument("--pdl-trigger", default=BEST.pdl_trigger,
                     help="where every kernel signals PDL's launch (Strategy.pdl_trigger; the peer runs' best: "
-                         "after-main-loop)")
+                         "after-main-loop); a comma-separated list measures each in turn")
     ap.add_argument("--sync", default=BEST.sync, help="the host program's sync (Strategy.sync)")
     ap.add_argument("--json", required=True)
     ap.add_argument("--md")
@@ -147,8 +153,9 @@ def main(argv=None) -> int:
     results = []
     for spec in args.models.split(","):
         ms = ModelSpec.parse(spec)
-        results.append(measure(ms.model, ms.layers or 0, args.weight_dtype, policies, args.rounds, args.tokens,
-                               BEST.with_(pdl_trigger=args.pdl_trigger, sync=args.sync)))
+        for trigger in args.pdl_trigger.split(","):
+            results.append(measure(ms.model, ms.layers or 0, args.weight_dtype, policies, args.rounds, args.tokens,
+                                   BEST.with_(pdl_trigger=trigger, sync=args.sync)))
     Path(args.json).write_text(json.dumps({"device": device, "date": time.strftime("%Y-%m-%d"), "results": results},
                                           indent=1))
     if args.md:

@@ -201,3 +201,23 @@ def test_early_launch_fit_takes_a_line_a_constant_or_a_scale() -> None:
     assert f.early_scale == 1.0 and f.early_ns == pytest.approx(2400) and "negative" in f.how
     f = fit_early(np.array([5000.0, 5000.0]), np.array([1000.0, 1000.0]))
     assert f.early_ns == 0 and f.early_scale == pytest.approx(1.2) and "one size" in f.how
+
+
+@pytest.mark.parametrize("saving, prologue, release", [(768.0, 512.0, 0.0), (400.0, 280.0, 136.0),
+                                                       (5000.0, 832.0, 0.0)])
+def test_pdl_fit_grows_the_prologue_when_a_boundary_saves_more_than_gap_and_prologue(saving, prologue, release):
+    """``_fit_pdl``: with PDL a boundary saves gap - release + prologue. A saving below gap plus
+    the shipped prologue (280 ns) sets the release; one above it (the H100's 768 ns over a
+    256 ns gap, ``calibration_raw_h100_s18.json.gz``) leaves the release at 0 and grows the
+    prologue to the rest, at most an empty kernel's duration (832 ns)."""
+    from workbench.exec.calibrate.fit import _fit_pdl, _Output
+
+    base = json.loads((CALIBRATION_DIR / "h200.json").read_text())
+    base["device"].update(pdl_prologue_ns=280.0, dependency_gap_ns=256.0, pdl_first_read_setup_ns=0)
+    raw = {"environment": {"gpu_name": "GPU", "date": "2026-11-27"},
+           "device": {"probe_trace_summary": {"spin_pdl_start_to_start_ns": 768.0, "empty_duration_ns": 832.0}},
+           "boundaries": [{"saving_ns": saving}] * 3}
+    o = _Output(raw, base)
+    _fit_pdl(o, raw)
+    assert (o.device["pdl_prologue_ns"], o.device["pdl_release_ns"]) == (prologue, release)
+    assert o.sources["device.pdl_prologue_ns"].startswith("grown to" if saving > 536 else "kept at")

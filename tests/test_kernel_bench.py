@@ -80,9 +80,17 @@ def test_launch_policies_rebind_what_they_name():
             assert now["result_output"] == base["result_output"], policy  # an lm_head keeps 4 rows a warp
         lp.apply("carveout-50")
         assert kernels.SMEM_CARVEOUT == 50
+        # the persistent fused mat-vecs: fewer resident blocks, the grid capped at 3 an SM
+        f16 = compile_plan(build_graph(preset("llama-3.2-1b", layers=1, context=512), pos=448), lp.BEST).graph
+        glu = next(n for n in f16.nodes if n.op == "RMS_NORM_MUL_MAT_GLU")
+        grid = {}
+        for policy in ("default", "fmv-3"):
+            lp.apply(policy)
+            grid[policy] = cuda_ops.bind(glu, lambda v: 256 + v.offset, lambda key, n: 0).grid
+        assert grid == {"default": (4 * 132,), "fmv-3": (3 * 132,)}
     finally:
         lp.apply("default")
-    assert launches() == base and kernels.SMEM_CARVEOUT == -1
+    assert launches() == base and kernels.SMEM_CARVEOUT == -1 and cuda_ops.FMV_MAX_BLOCKS == 4 * 132
     assert cuda_quant_ops.mmvq_split is lp._ORIG["mmvq_split"]
     md = lp.table([{"model": "m", "layers": 1, "weight_dtype": "q4_0", "us": {"default": [2.0], "mmvq-w4": [3.0]}}],
                   "GPU")

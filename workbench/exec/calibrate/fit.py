@@ -319,17 +319,32 @@ def _fit_pdl(o: _Output, raw: Mapping[str, Any]) -> None:
     bt = pd.DataFrame(raw["boundaries"])
     saving = nan_median(bt["saving_ns"]) if len(bt) else float("nan")
     prologue = min(float(d["pdl_prologue_ns"]), float(pt["empty_duration_ns"]))
+    setup, gap = float(d["pdl_first_read_setup_ns"]), float(d["dependency_gap_ns"])
     # simulator: with PDL a boundary takes release - prologue - setup + the kernel; without, gap + the kernel
-    release = d["dependency_gap_ns"] - saving + prologue + d["pdl_first_read_setup_ns"]
+    release = gap - saving + prologue + setup
+    shipped = str(o.sources.get("device.pdl_prologue_ns", ""))
+    shipped = shipped.split("pdl_release_ns); ", 1)[1] if shipped.startswith("kept at ") else shipped
+    shipped = shipped.split("the rest of the saving; ", 1)[1] if shipped.startswith("grown to ") else shipped
+    if release < 0:
+        # a boundary saves more than the gap and the assumed prologue: the wait lets go as the
+        # predecessor ends (release 0) and the dependent's early part is the rest of the saving,
+        # at most an empty kernel's whole duration
+        prologue = min(float(pt["empty_duration_ns"]), saving - gap - setup)
+        release = gap - saving + prologue + setup
+        o.sources["device.pdl_prologue_ns"] = (
+            f"grown to {prologue:.0f} ns by `workbench calibrate` (at most the empty kernel's "
+            f"{pt['empty_duration_ns']:.0f} ns): graph + PDL saved a median {saving:.0f} ns per kernel boundary, more "
+            f"than the dependency gap ({gap:.0f} ns) plus the shipped prologue, so the release is 0 and the "
+            "dependent's block launch and index math before griddepcontrol.wait are the rest of the saving; "
+            + shipped)
+    else:
+        o.sources["device.pdl_prologue_ns"] = (f"kept at {prologue:.0f} ns (shipped value): CUPTI timestamps do "
+                                               "not separate the prologue from the release (only release - "
+                                               "prologue is observable, see pdl_release_ns); " + shipped)
     o.set_device("pdl_release_ns", max(0.0, release),
                  f"per-boundary saving of graph + PDL over graph replay in the calibration models (median "
                  f"{saving:.0f} ns over {len(bt)} kernel pairs, by family pair in the raw file) = gap - release + "
                  "prologue")
-    shipped = str(o.sources.get("device.pdl_prologue_ns", ""))
-    shipped = shipped.split("pdl_release_ns); ", 1)[1] if shipped.startswith("kept at ") else shipped
-    o.sources["device.pdl_prologue_ns"] = (f"kept at {prologue:.0f} ns (shipped value): CUPTI timestamps do not "
-                                           "separate the prologue from the release (only release - prologue is "
-                                           "observable, see pdl_release_ns); " + shipped)
     d["pdl_prologue_ns"] = prologue
 
 
