@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping, Sequence
-from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -354,12 +353,13 @@ def _fit_kernel_durations(o: _Output, raw: Mapping[str, Any]) -> None:
     d, src, out = o.device, o.sources, o.out
     pt = raw["device"]["probe_trace_summary"]
     inflation = cupti_kernel_ns(raw)
-    base_cal = replace(parse_calibration(out, "fit", "python"), families={}, ops={})
+    for k in [k for k in src if k.startswith(("families.", "ops."))]:
+        del src[k]  # the base's fits are replaced, not merged
+    # parsed without the base's fits: a prologue _fit_pdl just grew may exceed their fixed parts
+    base_cal = parse_calibration(dict(out, families={}, ops={}), "fit", "python")
     ran = {k["strategy"] for k in raw["kernels"]}
     kern = measured_kernels(raw, base_cal, inflation, tuple(s for s in DURATION_RUNS if s in ran))
     min_fixed = d["pdl_prologue_ns"] + d["pdl_first_read_setup_ns"]
-    for k in [k for k in src if k.startswith(("families.", "ops."))]:
-        del src[k]  # the base's fits are replaced, not merged
     what = (f"of the calibration models under graph replay, their CUPTI durations less {inflation:.0f} ns "
             "per kernel that tracing adds (graph-replay calibration runs timed traced and untraced)")
     # a family is the fallback of ops not measured: fitted on the unfused kernels only (a fused
