@@ -310,7 +310,10 @@ def _fit_events_and_graphs(o: _Output, times: _HostTimes, raw: Mapping[str, Any]
 
 def _fit_pdl(o: _Output, raw: Mapping[str, Any]) -> None:
     """PDL: start-to-start in a chain of spin kernels that trigger at start, and the release
-    from the per-boundary savings of graphs + PDL over graphs in the calibration models."""
+    from the per-boundary savings of graphs + PDL over graphs in the calibration models; where a
+    boundary saves more than the gap and the base's prologue, the prologue grows to the rest (the
+    H100's 768 ns, ``data/bench/calibration_h100.md``), else the simulator's PDL saving stays capped
+    below what the GPU saves."""
     d, pt = o.device, raw["device"]["probe_trace_summary"]
     o.set_device("pdl_launch_ns", pt["spin_pdl_start_to_start_ns"],
                  "CUPTI: chain of 16 spin kernels (132 blocks, trigger at start) under graph + PDL, median "
