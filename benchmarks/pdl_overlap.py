@@ -14,26 +14,28 @@ from __future__ import annotations
 
 import argparse
 import json
+import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from workbench.trace.stats import merged_intervals  # noqa: E402
 
 
 def token_stats(kernels: pd.DataFrame) -> tuple[float, float, float, int]:
     """(kernel sum, span, busy union) in us and the kernel count of one token's kernels."""
-    k = kernels.sort_values("start_ns")
-    busy, cs, ce = 0, None, None
-    for s, e in zip(k.start_ns, k.end_ns):
-        if ce is None or s > ce:
-            busy += 0 if ce is None else ce - cs
-            cs, ce = s, e
-        else:
-            ce = max(ce, e)
-    busy += ce - cs
-    return ((k.end_ns - k.start_ns).sum() / 1e3, (k.end_ns.max() - k.start_ns.min()) / 1e3, busy / 1e3, len(k))
+    s, e = kernels.start_ns.to_numpy(), kernels.end_ns.to_numpy()
+    m = merged_intervals(s, e)
+    return (e - s).sum() / 1e3, (e.max() - s.min()) / 1e3, float((m[:, 1] - m[:, 0]).sum()) / 1e3, len(s)
+
+
+def model_of(r: dict) -> str:
+    """A capture row's stem without its configuration: "llama-3.1-8b-L32"."""
+    return r["stem"][: -len(r["config"]) - 1]
 
 
 def capture_rows(folder: Path) -> list[dict]:
@@ -48,9 +50,6 @@ def capture_rows(folder: Path) -> list[dict]:
         s, span, busy, n = np.median(per, axis=0)
         rows.append({"stem": cap["stem"], "model": cap["model"], "config": cap["config"], "kernels": int(n),
                      "kernel_sum_us": s, "span_us": span, "busy_us": busy})
-    def model_of(r: dict) -> str:  # the stem without its configuration: "llama-3.1-8b-L32"
-        return r["stem"][: -len(r["config"]) - 1]
-
     pdl0 = {model_of(r): r["span_us"] for r in rows if r["config"] == "pdl0"}
     for r in rows:
         base = pdl0.get(model_of(r))
