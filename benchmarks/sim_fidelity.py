@@ -439,38 +439,39 @@ def _lease_note(kn: pd.DataFrame) -> str:
 #: what the two tables below the report's verdicts show, read off the 2026-11-25 H200 captures
 #: (the tables are regenerated with the report; this reading is not)
 LLAMACPP_CAUSES = """\
-Read off the tables below (2026-11-25 H200 captures; the fit's sources are in the calibration file):
+Read off the tables below and the captures (H200, 2026-11-25 and 2026-11-27; the fit's sources are in the
+calibration file):
 
-* **Host time per token** is a constant of the fit (`token_overhead_ns`: llama_decode's graph build, its
-  seven input copies with their syncs, the CUDA graph's property check), while llama.cpp's grows with
-  the ggml graph: untraced us/token minus the traced device span is about twice as large on
-  llama-3.1-8b (32 layers) as on llama-3.2-1b (16). Under CUPTI, `cudaGraphLaunch` takes 1-2 us per
-  graph node (node-level graph tracing), so the traced launch is not used: the fit takes the base
-  calibration's untraced graph launch, and CUPTI adds no measurable time per kernel to the device
-  span (the fusion pairs).
+* **Host time per token**: the schedule copies llama.cpp's split inputs, not the workbench graph's
+  (`llamacpp_schedule.llamacpp_inputs`: the CPU-gathered embedding row, position, K and V row indices,
+  mask(s), output-row and recurrent-state indices; 6 copies a token on llama and qwen3-30b-a3b, 7 on
+  qwen3-next, 9 on gpt-oss, as every capture shows). Upstream, each is a sync of the main stream and
+  ggml's blocking `set_tensor` (an async copy on its copy stream and a sync of it); the `sync_boundary` /
+  `sync_implicit` captures show the patch's `s a..a s` and `a..a`, the host programs the simulator runs.
+  The blocking copy's cost (`memcpy_blocking_ns`) is fitted on the measured sync knob pairs; the traced
+  median is its upper bound. `token_overhead_ns` is what the untraced us/token leave over: on the H200 it
+  comes out 0 (with the graph launch lowered), because the simulated device span is 1-3 % longer than the
+  captured one on llama and qwen3-30b-a3b (next item), and the fit takes that out of the host's time.
 * **Mat-vec cost per row**: the mat-vec fits (`MUL_MAT`, `MUL_MAT_ADD`, `MUL_MAT_GLU`, `MUL_MAT_ID`)
   are `fixed + row_ns x rows + scale x roofline` (`kernel_fit.fit_row_kernels`): llama.cpp's mat-vec
   runs a block per output row that ends in a reduction, so at the same bytes 2048-wide rows
-  (llama-3.2-1b, the qwen3 MoEs) take longer than 4096- and 14336-wide ones (llama-3.1-8b), which
-  one `fixed + scale x roofline` line per kernel could not follow (it predicted llama-3.1-8b
-  without fusion slow). The held-out gpt-oss is predicted fast: its 2880-wide lm_head (201088
-  rows) runs slower per row than the fitted families' lm_heads, which the fit cannot know.
-* **Kernels llama.cpp runs**: the schedule (`llamacpp_schedule.py`, `llamacpp_gdn.py`) runs
-  llama.cpp's kernel list on every captured config (last table; qwen3-next's Q/K norms stay
-  RMS_NORM, MUL apart from the ROPE under GGML_CUDA_GRAPH_OPT): MoE gate / up
-  unfused with a separate GLU (merged `gate_up_exps` on qwen3-next, with its GLU fused),
-  RMS_NORM+MUL+ROPE(+SET_ROWS) and MUL+SUM_ROWS as one kernel, gpt-oss's ROPE / SET_ROWS and
-  ARGSORT_TOP_K / SOFT_MAX apart, the last layer's inp_out_ids GET_ROWS, the unfused MoE expert
-  sum as ADDs and its weight sum's CLAMP, and on qwen3-next's GDN layers the recurrent states'
-  GET_ROWS, the conv state's CONCAT / CPY, the Q/K head REPEATs, the merged `wqkv` projection and
-  ggml's unary x MUL fusions (as GLU-family kernels). CONCAT, REPEAT and CONT run as CPY nodes of
-  their bytes (one `CPY` fit), CLAMP as a SCALE node.
+  (llama-3.2-1b, the qwen3 MoEs) take longer than 4096- and 14336-wide ones (llama-3.1-8b). One line per
+  kernel still misses single shapes: the lm_head mat-vec is predicted 7-14 % slow, qwen3-30b-a3b's
+  expert down projection (768-wide rows) 18 % slow and its gate / up 6-10 % fast (`_op_times.csv`).
+* **PDL**: llama.cpp launches some kernels plainly (`<<<...>>>`, not `ggml_cuda_kernel_launch`), so they
+  take no early launch: soft_max, argsort, the f16 MoE expert mat-vec `mul_mat_f`, the MUL+SUM_ROWS
+  reduction, add_id, swiglu_oai, clamp and llama's `rope_norm` (`llamacpp_schedule.launched_plainly`).
+  In the captures with PDL on, those start before their predecessor ends at 7-25 % of their boundaries
+  (timestamp jitter), the kernels launched through `ggml_cuda_kernel_launch` at 44-100 %. This is why
+  PDL buys gpt-oss-20b almost nothing (measured -0.2 and +0.9 %).
 * **FLASH_ATTN_EXT** is one fit over head sizes that differ (64 and 128 on llama, 256 on qwen3-next):
   too slow on llama, too fast on qwen3-next.
-* **Q/K/V streams without fusion** (`stack: + Q/K/V streams`, `no_fusion` -> `graphs_pdl_qkv`): llama.cpp
-  gains 4-6 % on llama-3.2-1b, qwen3-30b-a3b and gpt-oss-20b (same lease), the simulator about 0. With
-  fusion the same knob is within about 2 points (`graph_stream_ns` is fitted on those pairs); no
-  `graphs_pdl_qkv` capture exists to fit the unfused branches' overlap from.
+* **Eager cells** (`eager`, `no_graphs_pdl0`) carry the host's noise: qwen3-30b-a3b's eager cell differs
+  by 23 % between the backend and llama-bench in the same lease (`llamacpp_peer_f16_h200_s19a.md`), so
+  the knobs measured from eager (`CUDA graphs (PDL off)`, `stack: + graphs`) miss on the MoE models.
+* **Run-to-run spread**: one process of llama.cpp differs from the next by 1-5 % in the same lease
+  (`backend vs llama-bench`, same build and switches), as large as the 2-point bound: qwen3-next's sync
+  knobs measured 2.8 and 3.5 % in the 2026-11-25 lease and 6.5 % in the 2026-11-27 one.
 * **Cross-lease effects** (`same_lease` False, counted in the verdict): the two cells were measured on
   different machine leases, so the effect carries the two leases' drift as well as the knob.
 """

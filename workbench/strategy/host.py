@@ -10,7 +10,7 @@ logits into a pinned buffer and the final ``cudaStreamSynchronize`` that hands t
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 
 from ..graph import Graph
 from .plan import HOST_OPS, HostOp, Launch
@@ -23,18 +23,24 @@ def _sync() -> HostOp:
     return HostOp("stream_sync", HOST_OPS["stream_sync"][0], 0)
 
 
-def input_copies(graph: Graph, sync: str) -> list[HostOp]:
-    """The H2D copies of the step's inputs (token id, position, KV row, masks) with ``sync``'s pattern."""
+def graph_inputs(graph: Graph) -> list[tuple[str, int]]:
+    """(name, bytes) of the step's inputs the host fills before each token (token id, position,
+    KV row, masks), in the graph's order."""
+    return [(name, v.nbytes) for name, v in graph.inputs.items()]
+
+
+def input_copies(inputs: Iterable[tuple[str, int]], sync: str) -> list[HostOp]:
+    """The H2D copies of ``inputs`` ((name, bytes), e.g. ``graph_inputs``) with ``sync``'s pattern."""
     ops: list[HostOp] = []
     if sync == "boundary":
         ops.append(_sync())
-    for name, v in graph.inputs.items():
+    for name, nbytes in inputs:
         if sync == "per-copy":
             ops.append(_sync())
-            ops.append(HostOp("memcpy_h2d", BLOCKING, 0, tensor=name, nbytes=v.nbytes, blocking=True,
+            ops.append(HostOp("memcpy_h2d", BLOCKING, 0, tensor=name, nbytes=nbytes, blocking=True,
                               host_buffer="pageable"))
         else:
-            ops.append(HostOp("memcpy_h2d", ASYNC, 0, tensor=name, nbytes=v.nbytes, host_buffer="pinned"))
+            ops.append(HostOp("memcpy_h2d", ASYNC, 0, tensor=name, nbytes=nbytes, host_buffer="pinned"))
     if sync == "boundary":
         ops.append(_sync())
     return ops
@@ -55,9 +61,11 @@ def kernel_launches(launches: Sequence[Launch], graphs: bool) -> list[HostOp]:
     return ops
 
 
-def host_program(graph: Graph, launches: Sequence[Launch], strategy: Strategy) -> list[HostOp]:
-    """One token's host program for ``strategy``."""
-    ops = input_copies(graph, strategy.sync)
+def host_program(graph: Graph, launches: Sequence[Launch], strategy: Strategy,
+                 inputs: Iterable[tuple[str, int]] | None = None) -> list[HostOp]:
+    """One token's host program for ``strategy``; ``inputs`` (name, bytes) replaces the graph's
+    own inputs where an executor copies others (llama.cpp's split inputs)."""
+    ops = input_copies(graph_inputs(graph) if inputs is None else inputs, strategy.sync)
     ops.extend(kernel_launches(launches, strategy.graphs))
     for name, v in graph.outputs.items():
         ops.append(HostOp("memcpy_d2h", HOST_OPS["memcpy_d2h"][0], 0, tensor=name, nbytes=v.nbytes,

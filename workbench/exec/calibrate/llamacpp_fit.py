@@ -57,6 +57,12 @@ RESIDUAL_STEPS = 4
 PDL_RELEASE_GRID_NS = (0.0, 250.0, 500.0, 750.0, 1000.0, 1500.0, 2000.0)
 #: the values ``graph_stream_ns`` tries with untraced GRAPH_OPT pairs (ns per extra stream)
 GRAPH_STREAM_GRID_NS = (0.0, 2000.0, 5000.0, 10000.0, 15000.0, 20000.0, 30000.0, 40000.0, 60000.0)
+#: the values ``memcpy_blocking_ns`` tries with untraced runs of the sync-reduction patch (ns)
+MEMCPY_BLOCKING_GRID_NS = (0.0, 500.0, 1000.0, 1500.0, 2000.0, 2500.0, 3000.0, 4000.0, 5000.0, 6000.0, 8000.0)
+#: ``llamacpp_peer.py``'s configs of the sync-reduction patch (PEER_SCHED_SYNC): the config it
+#: patches -> {patched config: Strategy.sync}
+SYNC_CONFIGS = {"default": {"sync_boundary": "boundary", "sync_implicit": "implicit"},
+                "graph_opt": {"graph_opt_sync_implicit": "implicit"}}
 #: CUDA API name -> host cost field it measures
 #: (cudaGraphLaunch is not among them: CUPTI's node-level graph tracing makes a traced graph
 #: launch cost 1-2 us per node, ``untraced_graph_launch``)
@@ -227,8 +233,32 @@ def _api_table(t: LlamaCppTrace) -> pd.DataFrame:
     return ev[ev["kind"].isin(["api", "sync"]) & (ev["token"] >= 0)]
 
 
-def host_costs(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
-    """{host field: (ns, source)} of what the traces show."""
+def blocking_copy_spans(traces: list[LlamaCppTrace]) -> list[float]:
+    """ns from each blocking input copy's ``cudaMemcpyAsync`` to the return of the
+    ``cudaStreamSynchronize`` of the copy's stream that next follows it on the host (ggml's
+    ``set_tensor``: upstream llama.cpp copies every split input so, after a sync of its stream)."""
+    spans = []
+    for t in traces:
+        ev = t.trace.events
+        ev = ev[ev["token"] >= 0]
+        copy_stream = ev[(ev["kind"] == "memcpy") & (ev["copy_kind"] == "H2D")].set_index("corr_id")["stream"]
+        calls = ev[ev["kind"].isin(["api", "sync"])].sort_values("start_ns")
+        names, kinds = calls["name"].to_numpy(), calls["kind"].to_numpy()
+        starts, ends = calls["start_ns"].to_numpy(), calls["end_ns"].to_numpy()
+        streams, corrs = calls["stream"].to_numpy(), calls["corr_id"].to_numpy()
+        for i in np.flatnonzero(names == "cudaMemcpyAsync"):
+            stream = copy_stream.get(corrs[i])
+            if stream is None:
+                continue
+            j = next((j for j in range(i + 1, min(i + 4, len(names))) if kinds[j] == "sync"), None)
+            if j is not None and streams[j] == stream:
+                spans.append(float(ends[j] - starts[i]))
+    return spans
+
+
+def host_costs(traces: list[LlamaCppTrace], copy_ns: float = 0.0) -> dict[str, tuple[float, str]]:
+    """{host field: (ns, source)} of what the traces show; ``copy_ns``: a 16-byte copy's device
+    time (the base calibration's), which a blocking copy's span includes."""
     out: dict[str, tuple[float, str]] = {}
     api = pd.concat([_api_table(t).assign(trace=t.name) for t in traces], ignore_index=True)
     api = api.assign(dur=api["end_ns"] - api["start_ns"])
@@ -254,6 +284,14 @@ def host_costs(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
     if wake:
         out["sync_wakeup_ns"] = (float(np.median(wake)), f"median of {len(wake)} waiting cudaStreamSynchronize calls: "
                                                          "last device work on the stream to the call's return")
+    blocking = blocking_copy_spans(traces)
+    if blocking and wake:
+        out["memcpy_blocking_ns"] = (
+            max(0.0, float(np.median(blocking)) - copy_ns - float(np.median(wake))),
+            f"median of {len(blocking)} blocking input copies (ggml's set_tensor: cudaMemcpyAsync on its copy "
+            "stream, then cudaStreamSynchronize of it; the call's start to the sync's return), less the copy "
+            f"({copy_ns:.0f} ns: the base's memcpy latency and PCIe time of 16 B) and the wake-up (sync_wakeup_ns) "
+            "the simulator adds to a blocking copy")
     over = []
     for t in traces:
         if not t.strategy.graphs:
@@ -377,6 +415,51 @@ def graph_stream_fit(traces: list[LlamaCppTrace], cal: dict[str, Any], untraced:
                f"effects (graphs + PDL without / with Q/K/V streams, {len(pairs)} model(s), untraced us/token) come "
                f"closest to llama.cpp's measured ones (median difference {err:.2f} points): the host's per-token "
                "graph reorder and fork; the traced host time also carries CUPTI's cost of the fork's event nodes")
+
+
+def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
+                        measured: Mapping[tuple[str, int, str], float]) -> tuple[float, str] | None:
+    """``memcpy_blocking_ns`` fitted with the simulator in the loop where the sync-reduction
+    patch was measured untraced: for each graph trace of the upstream host path (a sync and a
+    blocking copy per input) whose model was also run under ``SYNC_CONFIGS``, the grid value
+    whose predicted effects (upstream -> patched, the same trace's model and switches) come
+    closest (median absolute difference, points) to the measured ones. CUPTI's API callbacks
+    lengthen the traced copy and its sync (``blocking_copy_spans``), and what the patch saves is
+    their untraced cost; None without such a run."""
+    from dataclasses import replace
+
+    from ...api import run
+
+    runs = []
+    for t in traces:
+        key = model_key(t.model, t.layers)
+        if not (t.strategy.graphs and t.strategy.sync == "per-copy" and (*key, t.config_label) in measured):
+            continue
+        runs += [(t, mode, 100 * (measured[(*key, t.config_label)] / measured[(*key, name)] - 1))
+                 for name, mode in SYNC_CONFIGS.get(t.config_label, {}).items() if (*key, name) in measured]
+    if not runs:
+        return None
+
+    def us(t: LlamaCppTrace, strategy, trial: Calibration) -> float:
+        r = run(t.config(), strategy, tokens=max(2, len(t.trace.tokens())), backend="sim", start_pos=t.start_pos,
+                calibration=trial, quiet=True)
+        return float(r.stats["us_per_token"])
+
+    prof = cal["host_profiles"][PROFILE]
+    best = (np.inf, 0.0)
+    for v in MEMCPY_BLOCKING_GRID_NS:
+        trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, memcpy_blocking_ns=v)}),
+                                  "llama.cpp fit")
+        diff = [100 * (us(t, t.strategy, trial) / us(t, replace(t.strategy, sync=mode), trial) - 1) - m
+                for t, mode, m in runs]
+        best = min(best, (float(np.median(np.abs(diff))), v))
+    err, v = best
+    models = sorted({t.model for t, _, _ in runs})
+    return v, (f"simulator in the loop: the value of {list(MEMCPY_BLOCKING_GRID_NS)} ns whose predicted effects of "
+               f"the sync-reduction patch (each config against the upstream host path it patches, {len(runs)} "
+               f"runs of {', '.join(models)}, untraced us/token) come closest to llama.cpp's measured ones "
+               f"(median difference {err:.2f} points); the traced blocking copy ({prof['memcpy_blocking_ns']:.0f} ns "
+               "by the same definition) carries CUPTI's callbacks on its two calls")
 
 
 def token_span_us(t: LlamaCppTrace) -> float:
@@ -558,7 +641,8 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
         src[f"host_profiles.{PROFILE}.{fld}"] = (f"from the {base_name}'s {was} profile: "
                                                  f"{base['sources'].get(f'host_profiles.{was}.{fld}', '')}")
     fork = graph_stream_cost(traces)
-    for fld, (v, how) in {**host_costs(traces), **({"graph_stream_ns": fork} if fork else {})}.items():
+    copy_ns = base_cal.memcpy_latency_ns + 16 / base_cal.pcie_GBps
+    for fld, (v, how) in {**host_costs(traces, copy_ns), **({"graph_stream_ns": fork} if fork else {})}.items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
     prof["graph_launch_ns"], src[f"host_profiles.{PROFILE}.graph_launch_ns"] = untraced_graph_launch(base)
@@ -577,6 +661,9 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
                         if untraced else (0.0, "0: no untraced us/token"))
     if cupti > 0:
         used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti)
+    blocking = memcpy_blocking_fit(traces, cal, measured)
+    if blocking is not None:
+        prof["memcpy_blocking_ns"], src[f"host_profiles.{PROFILE}.memcpy_blocking_ns"] = blocking
     for fld, (v, how) in host_residuals(traces, cal, measured).items():
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how

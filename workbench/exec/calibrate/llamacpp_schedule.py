@@ -22,6 +22,15 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
   (rms-norm-mul-rope undone, then ``split_norms_before_rope``);
 * Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
   REPEAT and merged projections (``llamacpp_gdn``).
+
+Under PDL, the kernels llama.cpp launches with ``<<<...>>>`` instead of ``ggml_cuda_kernel_launch``
+run without the launch attribute (``launched_plainly``): they wait for their predecessor to end
+and let their successor start only when they end.
+
+Its host program copies llama.cpp's split inputs (``llamacpp_inputs``), not the workbench
+graph's: the token's embedding row (llama.cpp keeps ``token_embd`` on the CPU), the K and V
+cache row indices apart (and again for the sliding-window cache), the output-row and recurrent
+state indices: 6 copies a token on llama, 7 on qwen3-next, 9 on gpt-oss, as the captures show.
 """
 
 from __future__ import annotations
@@ -35,9 +44,11 @@ from ...models import ModelConfig, build_graph
 from ...strategy import FUSIONS, WORKBENCH_FUSIONS, Plan, Strategy, compile_plan
 from ...strategy.deps import accesses_by_buffer
 from ...strategy.fusion import PASSES
+from ...strategy.host import host_program
 from ...strategy.rewrite import output_buffers, sole_reader, with_nodes
 from ...strategy.steps import config_key
-from .llamacpp_gdn import GDN_MODELS, gdn_as_llamacpp
+from ..cost import quantized_weight
+from .llamacpp_gdn import GDN_MODELS, STATE_IDS, gdn_as_llamacpp
 
 #: fused ops llama.cpp never forms (ggml_cuda_can_fuse has no MoE gate/up + GLU mat-vec)
 UNFUSED_OPS = frozenset({"MUL_MAT_ID_GLU"})
@@ -51,6 +62,31 @@ FUSED_BY_MODEL: dict[str, frozenset[str]] = {"qwen3_next": frozenset({"MUL_MAT_I
 #: HF ``model_type`` -> the last layer's attention output node llama.cpp's builder selects the
 #: output rows of (``ggml_get_rows(cur, inp_out_ids)``) before the residual ADD
 OUT_IDS_MODELS: dict[str, str] = {"llama": "attn_out", "qwen3_moe": "attn_out"}
+
+
+#: ggml ops whose llama.cpp kernel is launched plainly (``<<<...>>>``, no PDL attribute): soft_max_f32,
+#: k_argsort_f32_i32, mul_mat_f (the f16 MoE expert mat-vec; quantized experts run mul_mat_vec_q, which
+#: takes PDL), moe_weighted_reduction_f32 (MUL+SUM_ROWS) and add_id_kernel
+PLAIN_LAUNCH_OPS = frozenset({"SOFT_MAX", "ARGSORT_TOP_K", "MUL_MAT_ID", "MUL_MAT_ID_GLU", "MUL_SUM_ROWS", "ADD_ID"})
+#: HF ``model_type``s whose rope is ggml's NORM mode: rope_norm (and its set_rows fusion) is launched plainly,
+#: rope_neox (the other families) through ggml_cuda_kernel_launch
+ROPE_NORM_MODELS = frozenset({"llama"})
+#: GLU variants whose kernel is launched plainly (swiglu_oai_kernel)
+PLAIN_GLU = frozenset({"swiglu_oai"})
+
+
+def launched_plainly(node: Node, cfg: ModelConfig) -> bool:
+    """True if llama.cpp launches ``node``'s kernel without the PDL attribute (``<<<...>>>``)."""
+    op = node.op
+    if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
+        return not quantized_weight(node)
+    if op in ("ROPE", "ROPE_SET_ROWS"):
+        return model_type(cfg) in ROPE_NORM_MODELS
+    if op == "GLU":
+        return node.params.get("glu") in PLAIN_GLU
+    if op == CLAMP_AS:
+        return node.params.get("ggml_op") == "CLAMP"  # op_clamp_kernel
+    return op in PLAIN_LAUNCH_OPS
 
 
 def llamacpp_strategy(strategy: Strategy) -> Strategy:
@@ -198,6 +234,30 @@ def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig,
     return graph, removed
 
 
+#: the sliding-window cache's KV length is padded to this many rows (llama.cpp's ``n_pad``)
+SWA_KV_PAD = 256
+
+
+def llamacpp_inputs(graph: Graph, cfg: ModelConfig) -> list[tuple[str, int]]:
+    """(name, bytes) of the host tensors llama.cpp copies to the GPU before each decode step,
+    as ``ggml_backend_sched`` copies its split inputs: the embedding row the CPU's GET_ROWS
+    gathered (``token_embd`` stays in host memory), the position, the recurrent state index
+    (GDN models), the K and V cache row indices (i64 each; twice on an iSWA model), the f16
+    attention mask(s) and the output-row index."""
+    swa = "kq_mask_swa" in graph.inputs
+    n_kv = graph.inputs["kq_mask"].shape[-1]
+    window = int(cfg.get("sliding_window", 0) or 0)
+    out = [("inp_embd", nbytes_of((int(cfg.get("hidden_size")),), "f32")), ("inp_pos", graph.inputs["inp_pos"].nbytes)]
+    if model_type(cfg) in GDN_MODELS:
+        out.append((STATE_IDS, nbytes_of((1,), "i32")))
+    for suffix in ("", "_swa") if swa else ("",):
+        out += [(f"k_idxs{suffix}", nbytes_of((1,), "i64")), (f"v_idxs{suffix}", nbytes_of((1,), "i64"))]
+    out.append(("kq_mask", nbytes_of((n_kv,), "f16")))
+    if swa:
+        out.append(("kq_mask_swa", nbytes_of((min(n_kv, -(-window // SWA_KV_PAD) * SWA_KV_PAD) or n_kv,), "f16")))
+    return [*out, ("inp_out_ids", nbytes_of((1,), "i32"))]
+
+
 def llamacpp_graph(cfg: ModelConfig, n_kv: int) -> Graph:
     """The workbench graph of one step with llama.cpp's extra kernels (``select_output_rows``)."""
     return select_output_rows(build_graph(cfg, n_kv), cfg)
@@ -217,7 +277,10 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
     if model_type(cfg) in GDN_MODELS:
         graph = gdn_as_llamacpp(graph, fused=bool(ran.fusion - {"copy-elim"}))
     plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
-    return replace(plan, strategy=ran, removed=removed)
+    launches = [replace(la, pdl=False, wait="start", trigger="none") if ran.pdl and launched_plainly(la.node, cfg)
+                else la for la in plan.launches]
+    host = host_program(plan.graph, launches, ran, llamacpp_inputs(graph, cfg))
+    return replace(plan, strategy=ran, removed=removed, launches=launches, host_program=host)
 
 
 def llamacpp_plan(cfg: ModelConfig, strategy: Strategy, n_kv: int | None = None,
