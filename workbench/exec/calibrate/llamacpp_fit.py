@@ -15,8 +15,10 @@ What the timelines show directly:
   fits.
 * **host** (profile ``llama.cpp``): medians of llama.cpp's CUDA API calls (graph launch,
   kernel launch, async copy, event record / wait), a synchronize that finds its stream idle
-  (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``); GRAPH_OPT's extra
-  host time per forked stream (``graph_stream_ns``, pairs of traces without / with it).
+  (``stream_sync_ns``) and the wake-up of one that waits (``sync_wakeup_ns``), ggml's blocking
+  input copy (``memcpy_blocking_ns``: an async copy and the sync of its stream,
+  ``blocking_copy_spans``); GRAPH_OPT's extra host time per forked stream (``graph_stream_ns``,
+  pairs of traces without / with it).
 * **device gaps**: between stream-ordered graph kernels without PDL (``dependency_gap_ns``)
   and from ``cudaGraphLaunch``'s return to the graph's first kernel (``graph_launch_latency_ns``).
 
@@ -24,10 +26,11 @@ What the timelines cannot show, fitted with the simulator in the loop against th
 each run (untraced ones from ``llamacpp_peer.py --jsonl`` where given, else the traced token's
 span in llama_decode): CUPTI's per-kernel excess (slope of the residuals over kernel counts),
 the host work of a token outside CUDA calls (``token_overhead_ns``: llama_decode's graph build,
-scheduling, graph-update checks, and the per-input syncs the workbench's host program lacks),
-the traced graph launch's inflation where the untraced runs are faster than it allows, the
-eager per-launch host work, and ``pdl_release_ns`` (``griddepcontrol.wait`` leaves no record)
-from the PDL knob's effect. Other PDL parameters stay the base calibration's probe values.
+scheduling, graph-update checks), the traced graph launch's inflation where the untraced runs
+are faster than it allows, the eager per-launch host work, the untraced blocking copy from the
+sync patch's effect where it was measured (``memcpy_blocking_fit``), and ``pdl_release_ns``
+(``griddepcontrol.wait`` leaves no record) from the PDL knob's effect. Other PDL parameters stay
+the base calibration's probe values.
 
 Every number carries its source; a field the traces cannot give says it comes from the base.
 """
@@ -43,6 +46,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...strategy import Strategy
 from ..calibration import FAMILY_FIELDS, Calibration, CalibrationError, parse_calibration
 from .kernel_fit import MIN_OP_KERNELS, fit_groups
 from .llamacpp_schedule import llamacpp_plan
@@ -428,8 +432,6 @@ def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
     their untraced cost; None without such a run."""
     from dataclasses import replace
 
-    from ...api import run
-
     runs = []
     for t in traces:
         key = model_key(t.model, t.layers)
@@ -440,17 +442,12 @@ def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
     if not runs:
         return None
 
-    def us(t: LlamaCppTrace, strategy, trial: Calibration) -> float:
-        r = run(t.config(), strategy, tokens=max(2, len(t.trace.tokens())), backend="sim", start_pos=t.start_pos,
-                calibration=trial, quiet=True)
-        return float(r.stats["us_per_token"])
-
     prof = cal["host_profiles"][PROFILE]
     best = (np.inf, 0.0)
     for v in MEMCPY_BLOCKING_GRID_NS:
         trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, memcpy_blocking_ns=v)}),
                                   "llama.cpp fit")
-        diff = [100 * (us(t, t.strategy, trial) / us(t, replace(t.strategy, sync=mode), trial) - 1) - m
+        diff = [100 * (simulated_us(t, trial)[0] / simulated_us(t, trial, replace(t.strategy, sync=mode))[0] - 1) - m
                 for t, mode, m in runs]
         best = min(best, (float(np.median(np.abs(diff))), v))
     err, v = best
@@ -475,12 +472,13 @@ def token_span_us(t: LlamaCppTrace) -> float:
     return nan_median(spans)
 
 
-def simulated_us(t: LlamaCppTrace, cal: Calibration) -> tuple[float, float]:
-    """(us/token, launches/token) the simulator predicts for the run of trace ``t`` under ``cal``."""
+def simulated_us(t: LlamaCppTrace, cal: Calibration, strategy: Strategy | None = None) -> tuple[float, float]:
+    """(us/token, launches/token) the simulator predicts for the run of trace ``t`` under ``cal``
+    (under ``strategy`` instead of the trace's own, the same model and decode window)."""
     from ...api import run
 
-    r = run(t.config(), t.strategy, tokens=max(2, len(t.trace.tokens())), backend="sim", start_pos=t.start_pos,
-            calibration=cal, quiet=True)
+    r = run(t.config(), strategy or t.strategy, tokens=max(2, len(t.trace.tokens())), backend="sim",
+            start_pos=t.start_pos, calibration=cal, quiet=True)
     return float(r.stats["us_per_token"]), float(r.stats["launches_per_token"])
 
 
@@ -526,8 +524,7 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
         out["token_overhead_ns"] = (over, f"simulator in the loop: the token overhead at which the median over "
                                           f"{len(graph)} CUDA-graph traces of ({' / '.join(sorted(what))} - "
                                           f"predicted) is {res:+.1f} us: llama_decode's host work outside CUDA "
-                                          "calls and what the workbench's host program lacks of llama.cpp's "
-                                          "(its per-input syncs)")
+                                          "calls")
         prof = dict(prof, token_overhead_ns=over)
         if over == 0 and res < -0.5:  # predicted slower with no overhead: traced API calls overstate the host
             traced = prof["graph_launch_ns"]
