@@ -453,8 +453,13 @@ def test_blocking_copies_are_read_off_the_upstream_captures():
 
 
 def test_memcpy_blocking_is_fitted_on_the_measured_sync_knob(fitted_v3):
+    """Fitted on the untraced sync knob pairs, never above the traced copy (CUPTI only adds)."""
+    from workbench.exec.calibrate.llamacpp_fit import blocking_copy_spans
+
     src = fitted_v3["sources"]["host_profiles.llama.cpp.memcpy_blocking_ns"]
-    assert "simulator in the loop" in src and "sync-reduction patch" in src
+    assert "simulator in the loop" in src and "sync-reduction patch" in src and "up to the traced cost" in src
+    spans = sorted(blocking_copy_spans([t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"]))
+    assert fitted_v3["host_profiles"]["llama.cpp"]["memcpy_blocking_ns"] <= spans[len(spans) // 2]
 
 
 @pytest.fixture(scope="module")

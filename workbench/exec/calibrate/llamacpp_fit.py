@@ -443,8 +443,10 @@ def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
         return None
 
     prof = cal["host_profiles"][PROFILE]
+    traced = float(prof["memcpy_blocking_ns"])  # CUPTI only lengthens a call: the traced cost bounds the grid
+    grid = sorted({v for v in MEMCPY_BLOCKING_GRID_NS if v < traced} | {traced})
     best = (np.inf, 0.0)
-    for v in MEMCPY_BLOCKING_GRID_NS:
+    for v in grid:
         trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, memcpy_blocking_ns=v)}),
                                   "llama.cpp fit")
         diff = [100 * (simulated_us(t, trial)[0] / simulated_us(t, trial, replace(t.strategy, sync=mode))[0] - 1) - m
@@ -452,11 +454,12 @@ def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
         best = min(best, (float(np.median(np.abs(diff))), v))
     err, v = best
     models = sorted({t.model for t, _, _ in runs})
-    return v, (f"simulator in the loop: the value of {list(MEMCPY_BLOCKING_GRID_NS)} ns whose predicted effects of "
+    return v, (f"simulator in the loop: the value of {[round(g) for g in grid]} ns (up to the traced cost) whose "
+               "predicted effects of "
                f"the sync-reduction patch (each config against the upstream host path it patches, {len(runs)} "
                f"runs of {', '.join(models)}, untraced us/token) come closest to llama.cpp's measured ones "
-               f"(median difference {err:.2f} points); the traced blocking copy ({prof['memcpy_blocking_ns']:.0f} ns "
-               "by the same definition) carries CUPTI's callbacks on its two calls")
+               f"(median difference {err:.2f} points); the traced blocking copy ({traced:.0f} ns by the same "
+               "definition) carries CUPTI's callbacks on its two calls")
 
 
 def token_span_us(t: LlamaCppTrace) -> float:
