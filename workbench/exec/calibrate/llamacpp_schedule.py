@@ -64,31 +64,6 @@ FUSED_BY_MODEL: dict[str, frozenset[str]] = {"qwen3_next": frozenset({"MUL_MAT_I
 OUT_IDS_MODELS: dict[str, str] = {"llama": "attn_out", "qwen3_moe": "attn_out"}
 
 
-#: ggml ops whose llama.cpp kernel is launched plainly (``<<<...>>>``, no PDL attribute): soft_max_f32,
-#: k_argsort_f32_i32, mul_mat_f (the f16 MoE expert mat-vec; quantized experts run mul_mat_vec_q, which
-#: takes PDL), moe_weighted_reduction_f32 (MUL+SUM_ROWS) and add_id_kernel
-PLAIN_LAUNCH_OPS = frozenset({"SOFT_MAX", "ARGSORT_TOP_K", "MUL_MAT_ID", "MUL_MAT_ID_GLU", "MUL_SUM_ROWS", "ADD_ID"})
-#: HF ``model_type``s whose rope is ggml's NORM mode: rope_norm (and its set_rows fusion) is launched plainly,
-#: rope_neox (the other families) through ggml_cuda_kernel_launch
-ROPE_NORM_MODELS = frozenset({"llama"})
-#: GLU variants whose kernel is launched plainly (swiglu_oai_kernel)
-PLAIN_GLU = frozenset({"swiglu_oai"})
-
-
-def launched_plainly(node: Node, cfg: ModelConfig) -> bool:
-    """True if llama.cpp launches ``node``'s kernel without the PDL attribute (``<<<...>>>``)."""
-    op = node.op
-    if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
-        return not quantized_weight(node)
-    if op in ("ROPE", "ROPE_SET_ROWS"):
-        return model_type(cfg) in ROPE_NORM_MODELS
-    if op == "GLU":
-        return node.params.get("glu") in PLAIN_GLU
-    if op == CLAMP_AS:
-        return node.params.get("ggml_op") == "CLAMP"  # op_clamp_kernel
-    return op in PLAIN_LAUNCH_OPS
-
-
 def llamacpp_strategy(strategy: Strategy) -> Strategy:
     """``strategy`` with the fusions llama.cpp applies under its switches: all of them when any
     fusion but ``copy-elim`` is asked (``copy-elim`` kept as asked: the peer patch can keep the
@@ -232,6 +207,31 @@ def llamacpp_fusions(graph: Graph, fusion: frozenset[str], cfg: ModelConfig,
             graph = fused
             removed.extend(g for g in gone if g not in back)
     return graph, removed
+
+
+#: ggml ops whose llama.cpp kernel is launched plainly (``<<<...>>>``, no PDL attribute): soft_max_f32,
+#: k_argsort_f32_i32, mul_mat_f (the f16 MoE expert mat-vec; quantized experts run mul_mat_vec_q, which
+#: takes PDL), moe_weighted_reduction_f32 (MUL+SUM_ROWS) and add_id_kernel
+PLAIN_LAUNCH_OPS = frozenset({"SOFT_MAX", "ARGSORT_TOP_K", "MUL_MAT_ID", "MUL_MAT_ID_GLU", "MUL_SUM_ROWS", "ADD_ID"})
+#: HF ``model_type``s whose rope is ggml's NORM mode: rope_norm (and its set_rows fusion) is launched plainly,
+#: rope_neox (the other families) through ggml_cuda_kernel_launch
+ROPE_NORM_MODELS = frozenset({"llama"})
+#: GLU variants whose kernel is launched plainly (swiglu_oai_kernel)
+PLAIN_GLU = frozenset({"swiglu_oai"})
+
+
+def launched_plainly(node: Node, cfg: ModelConfig) -> bool:
+    """True if llama.cpp launches ``node``'s kernel without the PDL attribute (``<<<...>>>``)."""
+    op = node.op
+    if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
+        return not quantized_weight(node)
+    if op in ("ROPE", "ROPE_SET_ROWS"):
+        return model_type(cfg) in ROPE_NORM_MODELS
+    if op == "GLU":
+        return node.params.get("glu") in PLAIN_GLU
+    if op == CLAMP_AS:
+        return node.params.get("ggml_op") == "CLAMP"  # op_clamp_kernel
+    return op in PLAIN_LAUNCH_OPS
 
 
 #: the sliding-window cache's KV length is padded to this many rows (llama.cpp's ``n_pad``)
