@@ -77,16 +77,23 @@ def test_shipped_calibration_predicts_the_untraced_runs_in_sample():
         assert simulated_us(t, cal)[0] == pytest.approx(us, rel=0.05), t.name
 
 
-def test_fit_on_real_captures_and_untraced_runs(tmp_path):
-    """The real-data path on llama-3.2-1b's five H200 captures and the untraced peer file: the
+@pytest.fixture(scope="module")
+def fitted_1b(tmp_path_factory) -> dict:
+    """The fit on llama-3.2-1b's H200 captures and the one-lease peer runs (sync configs included)."""
+    folder = tmp_path_factory.mktemp("caps")
+    for p in CAPTURES.glob("llama-3.2-1b-L16_*.parquet"):
+        shutil.copy(p, folder / p.name)
+    return fit_folder(folder, json.loads((CALIBRATION_DIR / "h200.json").read_text()), PEER)
+
+
+def test_fit_on_real_captures_and_untraced_runs(fitted_1b):
+    """The real-data path on llama-3.2-1b's eight H200 captures and the untraced peer file: the
     graph launch is the base's untraced one, CUPTI's per-kernel cost comes from the fusion pair,
     the host residuals and GRAPH_OPT's fork cost from the untraced runs, and the fit predicts
     each captured config within 10 % of its untraced us/token."""
     from workbench.exec.calibrate.llamacpp_fit import simulated_us
 
-    for p in CAPTURES.glob("llama-3.2-1b-L16_*.parquet"):
-        shutil.copy(p, tmp_path / p.name)
-    data = fit_folder(tmp_path, json.loads((CALIBRATION_DIR / "h200.json").read_text()), PEER)
+    data = fitted_1b
     src, prof = data["sources"], data["host_profiles"]["llama.cpp"]
     base = json.loads((CALIBRATION_DIR / "h200.json").read_text())
     untraced = base["host_profiles"]["python"]["graph_launch_ns"]
@@ -101,7 +108,7 @@ def test_fit_on_real_captures_and_untraced_runs(tmp_path):
     assert "untraced us/token" in src["host_profiles.llama.cpp.graph_stream_ns"]
     cal = parse_calibration(data, "fit")
     measured = read_measured(PEER, 512)
-    for t in read_traces(tmp_path):
+    for t in (t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"):
         us = measured[("llama-3.2-1b", 16, t.config_label)]
         assert simulated_us(t, cal)[0] == pytest.approx(us, rel=0.10), t.name
 
@@ -452,23 +459,15 @@ def test_blocking_copies_are_read_off_the_upstream_captures():
     assert blocking_copy_spans([runs["sync_implicit"]]) == []
 
 
-def test_memcpy_blocking_is_fitted_on_the_measured_sync_knob(fitted_v3):
+def test_memcpy_blocking_is_fitted_on_the_measured_sync_knob(fitted_1b):
     """Fitted on the untraced sync knob pairs, never above the traced copy (CUPTI only adds)."""
     from workbench.exec.calibrate.llamacpp_fit import blocking_copy_spans
 
-    src = fitted_v3["sources"]["host_profiles.llama.cpp.memcpy_blocking_ns"]
+    src = fitted_1b["sources"]["host_profiles.llama.cpp.memcpy_blocking_ns"]
     assert "simulator in the loop" in src and "sync-reduction patch" in src and "up to the traced cost" in src
     spans = sorted(blocking_copy_spans([t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"]))
-    assert fitted_v3["host_profiles"]["llama.cpp"]["memcpy_blocking_ns"] <= spans[len(spans) // 2]
+    assert fitted_1b["host_profiles"]["llama.cpp"]["memcpy_blocking_ns"] <= spans[len(spans) // 2]
 
-
-@pytest.fixture(scope="module")
-def fitted_v3(tmp_path_factory) -> dict:
-    """The fit on llama-3.2-1b's H200 captures and the one-lease peer runs (sync configs included)."""
-    folder = tmp_path_factory.mktemp("caps")
-    for p in CAPTURES.glob("llama-3.2-1b-L16_*.parquet"):
-        shutil.copy(p, folder / p.name)
-    return fit_folder(folder, json.loads((CALIBRATION_DIR / "h200.json").read_text()), PEER)
 
 
 def test_kernels_llamacpp_launches_plainly_take_no_pdl():

@@ -449,7 +449,8 @@ def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
     for v in grid:
         trial = parse_calibration(dict(cal, host_profiles={PROFILE: dict(prof, memcpy_blocking_ns=v)}),
                                   "llama.cpp fit")
-        diff = [100 * (simulated_us(t, trial)[0] / simulated_us(t, trial, replace(t.strategy, sync=mode))[0] - 1) - m
+        upstream = {t.name: simulated_us(t, trial)[0] for t, _, _ in runs}  # once per trace, not per mode
+        diff = [100 * (upstream[t.name] / simulated_us(t, trial, replace(t.strategy, sync=mode))[0] - 1) - m
                 for t, mode, m in runs]
         best = min(best, (float(np.median(np.abs(diff))), v))
     err, v = best
