@@ -52,11 +52,17 @@ def test_ops_section_is_parsed_and_validated() -> None:
     cal = parse_calibration(_with_ops(ok), "test")
     assert cal.ops["MUL_MAT"] == FamilyCost(2500.0, 1.2)
     assert cal.ops["MUL_MAT/k_mul_mat_vec_rows_f16"].work_scale == 0.97
+    own = parse_calibration(_with_ops({"MUL_MAT": {"fixed_ns": 2500.0, "work_scale": 1.2, "pdl_prologue_ns": 900.0}}),
+                            "test")
+    assert own.ops["MUL_MAT"].prologue_ns(own.pdl_prologue_ns) == 900.0
+    assert cal.ops["MUL_MAT"].prologue_ns(cal.pdl_prologue_ns) == cal.pdl_prologue_ns  # absent: the device's
     for bad, match in (({"MUL_MATRIX": {"fixed_ns": 2500.0, "work_scale": 1.0}}, "unknown ggml op"),
                        ({"MUL_MAT/": {"fixed_ns": 2500.0, "work_scale": 1.0}}, "unknown ggml op"),
                        ({"MUL_MAT": {"fixed_ns": 2500.0}}, "missing field"),
                        ({"MUL_MAT": {"fixed_ns": 2500.0, "work_scale": 1.0, "slope": 2}}, "unknown field"),
-                       ({"MUL_MAT": {"fixed_ns": 10.0, "work_scale": 1.0}}, "below pdl_prologue_ns"),
+                       ({"MUL_MAT": {"fixed_ns": 10.0, "work_scale": 1.0}}, "below their PDL prologue"),
+                       ({"MUL_MAT": {"fixed_ns": 2500.0, "work_scale": 1.0, "pdl_prologue_ns": 2600.0}},
+                        "below their PDL prologue"),
                        ({"MUL_MAT": {"fixed_ns": -1.0, "work_scale": 1.0}}, ">= 0")):
         with pytest.raises(CalibrationError, match=match):
             parse_calibration(_with_ops(bad), "test")

@@ -3,10 +3,12 @@ timelines (``data/traces/llamacpp/``), the calibration it writes, and the simula
 
 from __future__ import annotations
 
+import copy
 import json
 import shutil
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import workbench
@@ -49,7 +51,7 @@ def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fit
     src = fitted["sources"]
     assert "CUPTI" in src["host_profiles.llama.cpp.graph_launch_ns"]
     assert "llama.cpp" in src["device.dependency_gap_ns"]
-    assert src["device.pdl_prologue_ns"].startswith("from the h200 base calibration")
+    assert "without / with PDL" in src["device.pdl_prologue_ns"]  # llama.cpp's own, not the base's
     assert "simulator in the loop" in src["device.pdl_release_ns"]
     assert "simulator in the loop" in src["host_profiles.llama.cpp.token_overhead_ns"]
     assert "GGML_CUDA_GRAPH_OPT" in src["host_profiles.llama.cpp.graph_stream_ns"]
@@ -420,6 +422,41 @@ def test_ops_only_pdl_traces_show_are_fitted_from_them():
     assert set(late["op"]) <= set(ops)
     early = base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns
     assert (late["duration_ns"] == (late["exposed_ns"] + early).clip(lower=1.0)).all()
+    # given what the capture pairs show PDL saving, that is what is added back instead
+    *_, used2, _, _, _ = kernel_fits(traces, base, 0.0, 0.0, (417.0, "test"))
+    late2 = used2[~used2["trace"].isin(no_pdl)]
+    assert (late2["duration_ns"] == (late2["exposed_ns"] + 417.0).clip(lower=1.0)).all()
+
+
+def med_all(savings) -> float:
+    return float(np.median([v for _, v in savings]))
+
+
+def test_llamacpp_pdl_prologue_comes_from_its_own_capture_pairs(fitted_1b):
+    """What PDL saves llama.cpp's kernels is read off its pdl0 / default captures (plain
+    launches excluded), and the device prologue the fit writes follows from it, not from the
+    base calibration's (the cuda executor's kernels overlap more of their predecessor)."""
+    from workbench.exec.calibrate.kernel_fit import pdl_saving_ns, prologue_ceilings
+    from workbench.exec.calibrate.llamacpp_fit import _set_prologues, capture_savings
+    from workbench.exec.calibrate.llamacpp_schedule import launched_plainly
+
+    traces = [t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"]
+    base = load_calibration("h200")
+    savings = capture_savings(traces, base)
+    assert len(savings) > 50
+    cfg = traces[0].config()
+    assert not any(launched_plainly(n, cfg) for n, _ in savings)  # rope_norm takes no PDL: not a boundary
+    med = sorted(v for _, v in savings)[len(savings) // 2]
+    assert 100 < med < 1000  # a few hundred ns a kernel, as measured
+    assert "without / with PDL" in fitted_1b["sources"]["device.pdl_prologue_ns"]
+    for start in (0.0, 250.0):  # whatever prologue the base had, the captures set it
+        cal = copy.deepcopy(fitted_1b)
+        cal["device"]["pdl_prologue_ns"] = start
+        _set_prologues(cal, savings)
+        c = parse_calibration(cal, "fit")
+        want = min(max(0.0, med_all(savings) - pdl_saving_ns(c, 0.0)), min(prologue_ceilings(c).values()))
+        assert c.pdl_prologue_ns == pytest.approx(want, abs=0.1) and want > 0
+    assert all("pdl_prologue_ns" not in fc for fc in fitted_1b["ops"].values())  # no cuda kernel's prologue left
 
 
 def test_llamacpp_host_program_copies_its_split_inputs():

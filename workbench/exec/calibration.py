@@ -62,13 +62,22 @@ class FamilyCost:
     lower share of DRAM bandwidth than wide ones at the same bytes; optional, absent = 0), and
     ``early_ns`` + ``early_scale``: what its work becomes when PDL launches it while its
     predecessor's main loop still runs, ``early_ns + early_scale x work``
-    (``cost.KernelCost.early_ns``; optional, absent = 0 and 1)."""
+    (``cost.KernelCost.early_ns``; optional, absent = 0 and 1), and ``pdl_prologue_ns``: the part
+    of ``fixed_ns`` such a kernel runs before its ``griddepcontrol.wait`` while its predecessor
+    still runs, where its kernels' PDL boundaries show one of their own (a mat-vec that issues its
+    weight loads before the wait overlaps more than an element-wise kernel that waits first;
+    optional, absent = the device's ``pdl_prologue_ns``)."""
 
     fixed_ns: float
     work_scale: float
     row_ns: float = 0.0
     early_scale: float = 1.0
     early_ns: float = 0.0
+    pdl_prologue_ns: float | None = None
+
+    def prologue_ns(self, device_ns: float) -> float:
+        """The PDL prologue of this fit's kernels: its own, else the device's ``device_ns``."""
+        return device_ns if self.pdl_prologue_ns is None else self.pdl_prologue_ns
 
 
 @dataclass(frozen=True)
@@ -196,7 +205,7 @@ _DEVICE_FIELDS = [f.name for f in fields(Calibration)
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns"}
 FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]  # a fit's fields, the optional ones included
-_OPTIONAL_FAMILY_FIELDS = {"row_ns", "early_scale", "early_ns"}
+_OPTIONAL_FAMILY_FIELDS = {"row_ns", "early_scale", "early_ns", "pdl_prologue_ns"}
 
 
 def known_gpus(directory: Path = CALIBRATION_DIR) -> list[str]:
@@ -294,12 +303,14 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     if bad:
         raise CalibrationError(f"{origin}: early_scale must be within [1, 4] and early_ns >= 0 (what a kernel's work "
                                f"becomes when PDL starts it early), not so in {', '.join(bad)}")
-    pre = dev["pdl_prologue_ns"] + dev["pdl_first_read_setup_ns"]
-    short = sorted([f"families.{f}" for f, fc in fam_costs.items() if fc.fixed_ns < pre]
-                   + [f"ops.{o}" for o, oc in op_costs.items() if oc.fixed_ns < pre])
+    setup = dev["pdl_first_read_setup_ns"]
+    short = sorted([f"families.{f}" for f, fc in fam_costs.items()
+                    if fc.fixed_ns < fc.prologue_ns(dev["pdl_prologue_ns"]) + setup]
+                   + [f"ops.{o}" for o, oc in op_costs.items()
+                      if oc.fixed_ns < oc.prologue_ns(dev["pdl_prologue_ns"]) + setup])
     if short:
-        raise CalibrationError(f"{origin}: {short} have fixed_ns below pdl_prologue_ns + "
-                               "pdl_first_read_setup_ns")
+        raise CalibrationError(f"{origin}: {short} have fixed_ns below their PDL prologue (their own "
+                               "pdl_prologue_ns, else the device's) + pdl_first_read_setup_ns")
     host_profiles = {name: HostCosts(**{k: _number(origin, f"host_profiles.{name}.{k}", prof[k])
                                         for k in _HOST_FIELDS if k in prof})
                      for name, prof in profiles.items()}

@@ -109,7 +109,9 @@ class KernelCost:
     ``early_scale``: its work becomes ``early_ns x cap + early_scale x work`` when PDL launches
     it while its predecessor's main loop still runs (a predecessor that signals at its start):
     its blocks are then placed on SMs as the predecessor's retire, unevenly
-    (``FamilyCost.early_ns`` / ``early_scale``, measured by ``workbench calibrate``).
+    (``FamilyCost.early_ns`` / ``early_scale``, measured by ``workbench calibrate``);
+    ``pdl_prologue_ns``: the part of ``fixed_ns`` it runs before its PDL wait, overlapping its
+    predecessor (its fit's own, else the device's: ``FamilyCost.prologue_ns``).
     """
 
     name: str
@@ -124,6 +126,7 @@ class KernelCost:
     fixed_ns: float
     early_scale: float = 1.0
     early_ns: float = 0.0
+    pdl_prologue_ns: float = 0.0
 
     @property
     def duration_ns(self) -> float:
@@ -281,6 +284,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     how, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
     scale = fam.work_scale if fam else 1.0
     fixed = fam.fixed_ns if fam else cal.kernel_fixed_ns
+    prologue = fam.prologue_ns(cal.pdl_prologue_ns) if fam else cal.pdl_prologue_ns
     # a fit's per-row term (``FamilyCost.row_ns``): charged with the fixed part through the
     # conservation below, then moved into the work (see the end)
     rows_ns = fam.row_ns * mat_vec_rows(node, cal.sm_count) if fam else 0.0
@@ -297,7 +301,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
         # part, so the kernel alone takes what the fit says (down to the PDL-overlapped prologue)
         fitted = max(mem_ns * scale / mem_cap, cmp_ns * scale / sm_cap)
         plain = max(mem_ns / mem_cap, cmp_ns / sm_cap)
-        fixed = max(cal.pdl_prologue_ns + cal.pdl_first_read_setup_ns, fixed - (plain - fitted))
+        fixed = max(prologue + cal.pdl_first_read_setup_ns, fixed - (plain - fitted))
     else:
         mem_ns, cmp_ns = mem_ns * scale, cmp_ns * scale
     work = max(mem_ns, cmp_ns)
@@ -306,7 +310,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     # the rows' reduction tails keep SMs busy (each row's block holds its slot until it reduces and
     # writes): work that concurrent kernels share at this kernel's cap, not a latency they overlap;
     # what the conservation left of the fixed part above the PDL-overlapped prologue moves there
-    tail = min(rows_ns, fixed - cal.pdl_prologue_ns - cal.pdl_first_read_setup_ns)
+    tail = min(rows_ns, fixed - prologue - cal.pdl_first_read_setup_ns)
     if tail > 0:
         fixed, work = fixed - tail, work + tail * cap
     written = float(sum(o.nbytes for o in node.outs))
@@ -316,6 +320,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
         write_fraction=min(1.0, written / nbytes) if nbytes > 0 else 0.0,
         fixed_ns=fixed + (prologue_ns(node, cal) if how != "fused op" else 0.0),  # a fused fit has its prologue
         early_scale=fam.early_scale if fam else 1.0, early_ns=fam.early_ns if fam else 0.0,
+        pdl_prologue_ns=prologue,
     )
 
 

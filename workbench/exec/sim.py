@@ -547,7 +547,7 @@ class _Engine:
         self.occ += cost.occupancy
         pdl = la.pdl and pdl_pred >= 0
         wait = la.wait if pdl else "start"
-        pre = cal.pdl_prologue_ns + (cal.pdl_first_read_setup_ns if wait != "start" else 0.0)
+        pre = cost.pdl_prologue_ns + (cal.pdl_first_read_setup_ns if wait != "start" else 0.0)
         pre_work = cost.work_ns * cal.pdl_late_read_fraction if wait == "late" else 0.0
         rest = cost.work_ns - pre_work
         if pdl and (cost.early_scale != 1.0 or cost.early_ns) and self.end[pdl_pred] != self.end[pdl_pred] \

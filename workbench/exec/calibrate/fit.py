@@ -19,6 +19,7 @@ from ..cost import FUSED_BASE
 from .kernel_fit import (
     EARLY_MIN_EXTRA_NS,
     MIN_OP_KERNELS,
+    calibration_boundary_prologues,
     cupti_kernel_ns,
     early_launch,
     fit_groups,
@@ -382,6 +383,7 @@ def _fit_kernel_durations(o: _Output, raw: Mapping[str, Any]) -> None:
                 src[f"{section}.{name}.{k}"] = f"{o.where}: {how}"
     out["families"] = {name: fc for name, (fc, _) in families.items()}
     out["ops"] = {name: fc for name, (fc, _) in sorted(ops.items())}
+    _fit_prologues(o, raw)
     _fit_early_launch(o, raw)
     fixed = [fc["fixed_ns"] for fc in out["families"].values()]
     fallback = nan_median(fixed) if fixed else pt["empty_duration_ns"]
@@ -394,12 +396,25 @@ def _fit_kernel_durations(o: _Output, raw: Mapping[str, Any]) -> None:
                        "family_fits": fam_report, "op_fits": op_report + opk_report, "cupti_kernel_ns": inflation}
 
 
+def _fit_prologues(o: _Output, raw: Mapping[str, Any]) -> None:
+    """Each fit's own ``pdl_prologue_ns`` where the calibration models show at least
+    ``MIN_PROLOGUE_BOUNDARIES`` PDL boundaries into its kernels (``kernel_fit.boundary_prologues``)."""
+    fitted = parse_calibration(o.out, "fit", "python")
+    rest = pdl_saving_ns(fitted, 0.0)
+    for (section, key), f in sorted(calibration_boundary_prologues(raw, fitted).items()):
+        o.out[section][key]["pdl_prologue_ns"] = round(f.prologue_ns, 1)
+        o.sources[f"{section}.{key}.pdl_prologue_ns"] = (
+            f"{o.where}: median PDL saving {f.saving_ns:.0f} ns over {f.boundaries} boundaries into its kernels "
+            f"(graph replay without / with PDL signalling at start) less the {rest:.0f} ns the simulator's boundary "
+            "saves besides the prologue (gap + first-read setup - release), within [0, fixed_ns - setup]: what "
+            "these kernels run before griddepcontrol.wait")
+
+
 def _fit_early_launch(o: _Output, raw: Mapping[str, Any]) -> None:
     """Each fit's ``early_ns`` / ``early_scale`` (``kernel_fit.early_launch``) where its kernels
     ran measurably slower when PDL launched them at their predecessor's start: by over
     ``EARLY_MIN_EXTRA_NS`` at their median work, from 2 kernels or more."""
     fitted = parse_calibration(o.out, "fit", "python")
-    saving = pdl_saving_ns(fitted)
     kern = {k: v for k, v in early_launch(raw, fitted).items() if v.nodes >= 2}
     for (section, key), f in sorted(kern.items()):
         if f.median_extra_ns < EARLY_MIN_EXTRA_NS:
@@ -409,7 +424,7 @@ def _fit_early_launch(o: _Output, raw: Mapping[str, Any]) -> None:
         for field in ("early_ns", "early_scale"):
             o.sources[f"{section}.{key}.{field}"] = (
                 f"{o.where}: {f.how} launched early (PDL signal at every kernel's start, every fusion): extra = end "
-                f"after the predecessor's end + the {saving:.0f} ns the simulator's PDL saves at a boundary (gap + "
+                "after the predecessor's end + what the simulator's PDL saves at its boundary (gap + the kernel's "
                 "prologue - release) - duration without PDL, against roofline work")
 
 

@@ -224,7 +224,6 @@ def early_launch(raw: Mapping[str, Any], cal: Calibration) -> dict[tuple[str, st
     kt = pd.DataFrame(raw.get("kernels", []))
     if kt.empty or FUSED_PDL not in set(kt["strategy"]):
         return {}
-    saving_ns = pdl_saving_ns(cal)
     keys = ["spec_model", "spec_layers", "spec_context", "spec_pos"]
     pdl = {tuple(k): g.set_index("node") for k, g in kt[kt["strategy"] == FUSED_PDL].groupby(keys, dropna=False)}
     per: dict[tuple[str, str], list[tuple[float, float]]] = {}
@@ -242,16 +241,77 @@ def early_launch(raw: Mapping[str, Any], cal: Calibration) -> dict[tuple[str, st
                 continue  # no main loop to speak of: what PDL changes there is its overlap, not its work
             how, fk = fit_key(node, cal)
             if fk is not None:
-                extra = early.at[r.node, "step_ns"] + saving_ns - r.duration_ns
+                extra = early.at[r.node, "step_ns"] + pdl_saving_ns(cal, c.pdl_prologue_ns) - r.duration_ns
                 per.setdefault(("families" if how == "family" else "ops", fk), []).append((work, extra))
     return {k: fit_early(*np.array(v).T) for k, v in per.items()}
 
 
-def pdl_saving_ns(cal: Calibration) -> float:
+def pdl_saving_ns(cal: Calibration, prologue_ns: float | None = None) -> float:
     """What the simulator's PDL takes off a graph boundary into a kernel that waits at its first
-    read (the calibration runs' wait): the gap and the kernel's prologue it overlaps, less the
-    release (``sim.py`` ``_start_kernel``)."""
-    return cal.dependency_gap_ns + cal.pdl_prologue_ns + cal.pdl_first_read_setup_ns - cal.pdl_release_ns
+    read (the calibration runs' wait): the gap and the kernel's prologue it overlaps (its own
+    ``prologue_ns``, else the device's), less the release (``sim.py`` ``_start_kernel``)."""
+    pro = cal.pdl_prologue_ns if prologue_ns is None else prologue_ns
+    return cal.dependency_gap_ns + pro + cal.pdl_first_read_setup_ns - cal.pdl_release_ns
+
+
+#: PDL boundaries into a fit's kernels needed for a prologue of its own (``boundary_prologues``)
+MIN_PROLOGUE_BOUNDARIES = 8
+
+
+@dataclass(frozen=True)
+class PrologueFit:
+    """A fit's own ``pdl_prologue_ns``: the median PDL saving of ``boundaries`` boundaries into
+    its kernels (``saving_ns``) less what the simulator's boundary saves besides the prologue."""
+
+    prologue_ns: float
+    saving_ns: float
+    boundaries: int
+
+
+def boundary_prologues(savings: Iterable[tuple[Any, float]], cal: Calibration,
+                       ceiling: Mapping[tuple[str, str], float]) -> dict[tuple[str, str], PrologueFit]:
+    """Per fit (``(section, key)`` as ``cost.fit_key`` finds a node's fit in ``cal``) with at
+    least ``MIN_PROLOGUE_BOUNDARIES`` PDL boundaries into its kernels among ``savings`` ((Plan
+    node, measured saving in ns) per boundary): the prologue at which the simulator's saving at
+    such a boundary (``pdl_saving_ns``: gap + prologue + setup - release) is their median, within
+    [0, ``ceiling`` of the fit] (its fixed part less the setup: the prologue is part of the fixed
+    cost). Kernels differ in what they run before ``griddepcontrol.wait`` (a mat-vec issues its
+    weight loads there, an element-wise kernel waits first), which one device-wide prologue
+    averages away."""
+    per: dict[tuple[str, str], list[float]] = {}
+    for node, saving in savings:
+        how, fk = fit_key(node, cal)
+        if fk is not None and saving == saving:
+            per.setdefault(("families" if how == "family" else "ops", fk), []).append(float(saving))
+    out = {}
+    rest = pdl_saving_ns(cal, 0.0)  # what a boundary saves besides the prologue
+    for k, v in per.items():
+        if len(v) >= MIN_PROLOGUE_BOUNDARIES and k in ceiling:
+            saving = float(np.median(v))
+            out[k] = PrologueFit(float(np.clip(saving - rest, 0.0, ceiling[k])), saving, len(v))
+    return out
+
+
+def prologue_ceilings(cal: Calibration) -> dict[tuple[str, str], float]:
+    """The largest prologue each fit of ``cal`` can take: its fixed part less the first-read setup."""
+    return {(sec, k): fc.fixed_ns - cal.pdl_first_read_setup_ns
+            for sec, fits in (("ops", cal.ops), ("families", cal.families)) for k, fc in fits.items()}
+
+
+def calibration_boundary_prologues(raw: Mapping[str, Any], cal: Calibration) -> dict[tuple[str, str], PrologueFit]:
+    """``boundary_prologues`` of the calibration models' boundaries (graph replay without / with
+    PDL, the unfused ``GRAPHS`` Plans)."""
+    bt = pd.DataFrame(raw.get("boundaries", []))
+    if bt.empty:
+        return {}
+    savings = []
+    for spec, grp in bt.groupby(["spec_model", "spec_layers", "spec_context", "spec_pos"], dropna=False):
+        ms = ModelSpec.from_columns(*spec)
+        cfg = ms.config()
+        plan = plan_for(cfg, CALIBRATION_STRATEGIES[GRAPHS], cfg.kv_len(ms.pos))
+        nodes = {la.node.name: la.node for la in plan.launches}
+        savings += [(nodes[r.node], r.saving_ns) for r in grp.itertuples() if r.node in nodes]
+    return boundary_prologues(savings, cal, prologue_ceilings(cal))
 
 
 def cupti_kernel_ns(raw: Mapping[str, Any]) -> float:

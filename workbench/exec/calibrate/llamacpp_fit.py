@@ -29,8 +29,10 @@ the host work of a token outside CUDA calls (``token_overhead_ns``: llama_decode
 scheduling, graph-update checks), the traced graph launch's inflation where the untraced runs
 are faster than it allows, the eager per-launch host work, the untraced blocking copy from the
 sync patch's effect where it was measured (``memcpy_blocking_fit``), and ``pdl_release_ns``
-(``griddepcontrol.wait`` leaves no record) from the PDL knob's effect. Other PDL parameters stay
-the base calibration's probe values.
+(``griddepcontrol.wait`` leaves no record) from the PDL knob's effect. The PDL prologue comes
+from pairs of traces without / with PDL (``capture_savings``: what PDL takes off each kernel
+llama.cpp launches with it; ``data/bench/pdl_prologues.md``), not from the base, whose prologue
+is the cuda executor's kernels'. Other PDL parameters stay the base calibration's probe values.
 
 Every number carries its source; a field the traces cannot give says it comes from the base.
 """
@@ -46,9 +48,10 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
+from ...graph.graph import Node
 from ...strategy import Strategy
 from ..calibration import FAMILY_FIELDS, Calibration, CalibrationError, parse_calibration
-from .kernel_fit import MIN_OP_KERNELS, fit_groups
+from .kernel_fit import MIN_OP_KERNELS, fit_groups, pdl_saving_ns, prologue_ceilings
 from .llamacpp_schedule import llamacpp_plan
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
 from .tables import nan_median
@@ -196,11 +199,45 @@ def cupti_from_fusion_pairs(traces: list[LlamaCppTrace], measured_targets: Mappi
                "ns; the fusion knob changes the kernels, not llama_decode's host work)")
 
 
-def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float
+def capture_savings(traces: list[LlamaCppTrace], cal: Calibration) -> list[tuple[Node, float]]:
+    """(Plan node, ns) per kernel llama.cpp launches with PDL: what PDL takes off its time on its
+    stream, over each pair of CUDA-graph traces of one model that differ only in PDL (``pdl0`` and
+    ``default``): its median exposed time over the tokens without PDL less that with PDL."""
+    from dataclasses import replace
+
+    plain = {(t.model, t.layers, replace(t.strategy, pdl=False)): t for t in traces
+             if t.strategy.graphs and not t.strategy.pdl}
+    out = []
+    for t in traces:
+        a = plain.get((t.model, t.layers, replace(t.strategy, pdl=False))) if t.strategy.pdl else None
+        if a is None or not t.strategy.graphs:
+            continue
+        without, with_ = (matched_kernels(x, cal)[0].groupby("node")["exposed_ns"].median() for x in (a, t))
+        cfg = t.config()
+        for la in llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + 1)).launches:
+            if la.pdl and la.node.name in without.index and la.node.name in with_.index:
+                out.append((la.node, float(without[la.node.name] - with_[la.node.name])))
+    return out
+
+
+def pdl_early_ns(savings: list[tuple[Node, float]], base: Calibration) -> tuple[float, str]:
+    """What a kernel llama.cpp launches with PDL adds to its stream less than without PDL: the
+    median of ``capture_savings``, else the base calibration's PDL boundary (prologue + setup -
+    release, the gap aside)."""
+    if savings:
+        v = float(np.median([s for _, s in savings]))
+        return v, f"the median PDL saving of {len(savings)} kernels (traces without / with PDL)"
+    return (base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns,
+            "the base calibration's prologue + setup - release")
+
+
+def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float,
+                early: tuple[float, str] | None = None
                 ) -> tuple[dict, dict, pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
     """(ops, families, fitted kernels, unmatched kernels, op report rows, family report rows):
     fits of ``fixed + scale x roofline`` on the matched kernels of the traces without PDL (all
-    traces if none), less ``cupti_ns`` per kernel."""
+    traces if none), less ``cupti_ns`` per kernel; ops only the PDL traces show take their
+    exposed time plus ``early`` (ns, how: ``pdl_early_ns``)."""
     parts = [matched_kernels(t, base) for t in traces]
     kern = pd.concat([m for m, _ in parts], ignore_index=True) if parts else pd.DataFrame()
     unmatched = pd.concat([u for _, u in parts], ignore_index=True)
@@ -212,13 +249,13 @@ def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float,
     use = use.assign(duration_ns=(use["exposed_ns"] - cupti_ns).clip(lower=1.0))
     # ops only the PDL traces show (the unfused ops: llama.cpp's no_fusion keeps PDL on) are
     # fitted from them rather than left to the base: under PDL a kernel adds to its stream its
-    # time less the prologue it ran early, plus the wait's release after its predecessor
-    early = base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns
+    # time less what PDL saves it (the prologue it ran early, less the wait's release)
+    early_ns, early_how = early or pdl_early_ns([], base)
     pdl_only = kern[~kern["op"].isin(use["op"])]  # empty when every trace was taken (no trace without PDL)
-    use = pd.concat([use, pdl_only.assign(duration_ns=(pdl_only["exposed_ns"] - cupti_ns + early).clip(lower=1.0))],
+    use = pd.concat([use, pdl_only.assign(duration_ns=(pdl_only["exposed_ns"] - cupti_ns + early_ns).clip(lower=1.0))],
                     ignore_index=True)
     pdl_ops = ", ".join(sorted(set(pdl_only["op"])))
-    from_pdl = (f"; {pdl_ops} only in PDL traces: from those, plus {early:.0f} ns of prologue run early"
+    from_pdl = (f"; {pdl_ops} only in PDL traces: from those, plus {early_ns:.0f} ns, {early_how}"
                 if pdl_ops else "")
     what = (f"on llama.cpp's CUPTI timelines ({'traces without PDL' if no_pdl else 'all traces'}{from_pdl}; a "
             f"kernel's time on its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
@@ -596,11 +633,12 @@ def hold_out(traces: list[LlamaCppTrace], models: Iterable[str]) -> list[LlamaCp
 
 
 def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal: Calibration, base: dict[str, Any],
-                     cupti: float) -> tuple[pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
+                     cupti: float, early: tuple[float, str] | None = None
+                     ) -> tuple[pd.DataFrame, pd.DataFrame, list[dict], list[dict]]:
     """Write the kernel fits into ``cal`` (ops and families; the base's ops llama.cpp's traces
     lack stay, its op/kernel fits of the cuda executor's kernels go)."""
     min_fixed = base_cal.pdl_prologue_ns + base_cal.pdl_first_read_setup_ns
-    ops, fams, used, unmatched, op_rep, fam_rep = kernel_fits(traces, base_cal, cupti, min_fixed)
+    ops, fams, used, unmatched, op_rep, fam_rep = kernel_fits(traces, base_cal, cupti, min_fixed, early)
     src = cal["sources"]
     cal["ops"] = copy.deepcopy(base.get("ops", {}))
     cal["families"] = copy.deepcopy(base.get("families", {}))
@@ -611,7 +649,7 @@ def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal:
             src.pop(f"ops.{k}.{f}", None)
     for section in ("ops", "families"):  # how the cuda executor's kernels take an early PDL launch is theirs
         for k, fc in cal[section].items():
-            for f in ("early_ns", "early_scale"):
+            for f in ("early_ns", "early_scale", "pdl_prologue_ns"):
                 if fc.pop(f, None) is not None:
                     src.pop(f"{section}.{k}.{f}", None)
     for section, fits in (("ops", ops), ("families", fams)):
@@ -620,6 +658,29 @@ def _set_kernel_fits(cal: dict[str, Any], traces: list[LlamaCppTrace], base_cal:
             for f in vals:
                 src[f"{section}.{name}.{f}"] = how
     return used, unmatched, op_rep, fam_rep
+
+
+def _set_prologues(cal: dict[str, Any], savings: list[tuple[Node, float]]) -> None:
+    """llama.cpp's own device PDL prologue from ``capture_savings`` (none without a pair of
+    traces that differ only in PDL: the base's stays): the median saving less what the
+    simulator's boundary saves besides the prologue, at most what every fit allows. The base's
+    prologue is the cuda executor's, whose mat-vecs issue their weight loads before the wait;
+    llama.cpp's kernels mostly call ``cudaGridDependencySynchronize`` first. One device value, not
+    one per fit: per-fit prologues (``kernel_fit.boundary_prologues``) fitted on these pairs left
+    the fitted families' knob effects unchanged and moved two held-out ones past 2 points
+    (session 20, ``data/bench/pdl_prologues.md``)."""
+    if not savings:
+        return
+    c = parse_calibration(cal, "llama.cpp fit")
+    rest = pdl_saving_ns(c, 0.0)
+    saving = float(np.median([v for _, v in savings]))
+    cap = min(prologue_ceilings(c).values(), default=np.inf)
+    cal["device"]["pdl_prologue_ns"] = round(float(np.clip(saving - rest, 0.0, cap)), 1)
+    cal["sources"]["device.pdl_prologue_ns"] = (
+        f"llama.cpp's CUPTI timelines: median PDL saving {saving:.0f} ns over {len(savings)} kernels launched with PDL "
+        f"(CUDA-graph traces without / with PDL) less the {rest:.0f} ns the simulator's boundary saves besides the "
+        f"prologue (gap + first-read setup - release), at most {cap:.0f} ns (the smallest fixed part less setup of "
+        "the fits): the kernels' work before cudaGridDependencySynchronize")
 
 
 def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
@@ -653,7 +714,9 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     for fld, (v, how) in device_gaps(traces).items():
         cal["device"][fld] = round(v, 1)
         src[f"device.{fld}"] = how
-    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, 0.0)
+    savings = capture_savings(traces, base_cal)
+    early = pdl_early_ns(savings, base_cal)
+    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, 0.0, early)
     targets, _ = fit_targets(traces, measured)
     untraced = {t.name: targets[t.name] for t in traces
                 if (*model_key(t.model, t.layers), t.config_label) in measured}
@@ -661,7 +724,8 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     cupti, cupti_how = (by_fusion if by_fusion is not None else cupti_from_residuals(traces, cal, untraced)
                         if untraced else (0.0, "0: no untraced us/token"))
     if cupti > 0:
-        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti)
+        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti, early)
+    _set_prologues(cal, savings)
     blocking = memcpy_blocking_fit(traces, cal, measured)
     if blocking is not None:
         prof["memcpy_blocking_ns"], src[f"host_profiles.{PROFILE}.memcpy_blocking_ns"] = blocking
