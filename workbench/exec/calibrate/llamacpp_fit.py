@@ -199,19 +199,22 @@ def cupti_from_fusion_pairs(traces: list[LlamaCppTrace], measured_targets: Mappi
                "ns; the fusion knob changes the kernels, not llama_decode's host work)")
 
 
-def capture_savings(traces: list[LlamaCppTrace], cal: Calibration) -> list[tuple[Node, float]]:
-    """(Plan node, ns) per kernel llama.cpp launches with PDL: what PDL takes off its time on its
-    stream, over each pair of CUDA-graph traces of one model that differ only in PDL (``pdl0`` and
-    ``default``): its median exposed time over the tokens without PDL less that with PDL."""
+def pdl_pairs(traces: list[LlamaCppTrace]) -> list[tuple[LlamaCppTrace, LlamaCppTrace]]:
+    """(without PDL, with PDL) per pair of CUDA-graph traces of one model that differ only in PDL
+    (``pdl0`` and ``default``)."""
     from dataclasses import replace
 
-    plain = {(t.model, t.layers, replace(t.strategy, pdl=False)): t for t in traces
-             if t.strategy.graphs and not t.strategy.pdl}
+    plain = {(t.model, t.layers, t.strategy): t for t in traces if not t.strategy.pdl}
+    return [(plain[k], t) for t in traces if t.strategy.pdl and t.strategy.graphs
+            and (k := (t.model, t.layers, replace(t.strategy, pdl=False))) in plain]
+
+
+def capture_savings(traces: list[LlamaCppTrace], cal: Calibration) -> list[tuple[Node, float]]:
+    """(Plan node, ns) per kernel llama.cpp launches with PDL: what PDL takes off its time on its
+    stream, over each of ``pdl_pairs``: its median exposed time over the tokens without PDL less
+    that with PDL."""
     out = []
-    for t in traces:
-        a = plain.get((t.model, t.layers, replace(t.strategy, pdl=False))) if t.strategy.pdl else None
-        if a is None or not t.strategy.graphs:
-            continue
+    for a, t in pdl_pairs(traces):
         without, with_ = (matched_kernels(x, cal)[0].groupby("node")["exposed_ns"].median() for x in (a, t))
         cfg = t.config()
         for la in llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + 1)).launches:
@@ -227,8 +230,7 @@ def pdl_early_ns(savings: list[tuple[Node, float]], base: Calibration) -> tuple[
     if savings:
         v = float(np.median([s for _, s in savings]))
         return v, f"the median PDL saving of {len(savings)} kernels (traces without / with PDL)"
-    return (base.pdl_prologue_ns + base.pdl_first_read_setup_ns - base.pdl_release_ns,
-            "the base calibration's prologue + setup - release")
+    return pdl_saving_ns(base) - base.dependency_gap_ns, "the base calibration's prologue + setup - release"
 
 
 def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float, min_fixed: float,
@@ -605,12 +607,7 @@ def pdl_release(traces: list[LlamaCppTrace], cal: dict[str, Any], targets: Mappi
     Over pairs of graph traces of one model that differ only in PDL, the grid value whose
     predicted effects are closest (median absolute difference, points) to the measured ones;
     None without such a pair."""
-    from dataclasses import replace
-
-    by = {(t.model, t.layers, replace(t.strategy, pdl=False)): t for t in traces if not t.strategy.pdl}
-    pairs = [(by[(t.model, t.layers, replace(t.strategy, pdl=False))], t) for t in traces
-             if t.strategy.pdl and t.strategy.graphs and (t.model, t.layers, replace(t.strategy, pdl=False)) in by]
-    pairs = [(a, b) for a, b in pairs if a.name in targets and b.name in targets]
+    pairs = [(a, b) for a, b in pdl_pairs(traces) if a.name in targets and b.name in targets]
     if not pairs:
         return None
     measured = [100 * (targets[a.name] / targets[b.name] - 1) for a, b in pairs]
