@@ -57,17 +57,19 @@ def test_fixes_named_in_the_report_make_the_plan_race_free():
 
 def sampled_strategies() -> list[Strategy]:
     """Every sync x graphs x streams (x max_streams) x safe-allocator combination, cycling PDL
-    placements and fusion sets through them so each value of every knob appears."""
+    placements, fusion sets and logits modes through them so each value of every knob appears
+    (a stride coprime with a group's 9 PDL x 15 fusion/logits entries)."""
     full = list(valid_strategies())
     core = {}
     for s in full:
         core.setdefault((s.sync, s.graphs, s.streams, s.max_streams, s.allocator), []).append(s)
-    return [group[(5 * k) % len(group)] for k, group in enumerate(core.values())]
+    return [group[(7 * k) % len(group)] for k, group in enumerate(core.values())]
 
 
 def test_sample_covers_every_knob_value():
     sample = sampled_strategies()
-    for knob in ("sync", "graphs", "streams", "max_streams", "allocator", "pdl", "pdl_wait", "pdl_trigger", "fusion"):
+    for knob in ("sync", "graphs", "streams", "max_streams", "allocator", "pdl", "pdl_wait", "pdl_trigger", "fusion",
+                 "logits"):
         values = {getattr(s, knob) for s in valid_strategies()}
         assert values == {getattr(s, knob) for s in sample}, knob
 

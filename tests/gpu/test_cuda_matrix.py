@@ -60,3 +60,31 @@ def test_knob_matrix(model, combo, kernels):
            replays_identical=identical, us_per_token=run.stats["us_per_token"])
     assert err <= TOL, f"{strategy.label()}: logits rel err {err:.3g} > {TOL}"
     assert identical in (None, True), "graph replays differ"
+
+
+#: --logits zero-copy over the host programs (sync x graphs) with no fusion and with every fusion
+ZERO_COPY = list(itertools.product(SYNC, GRAPHS, ("none", "fused")))
+
+
+@pytest.mark.parametrize("combo", ZERO_COPY,
+                         ids=["-".join([s, "graphs" if g else "eager", f]) for s, g, f in ZERO_COPY])
+@pytest.mark.parametrize("model", list(MODELS))
+def test_zero_copy_logits(model, combo):
+    """--logits zero-copy: the host program has no D2H copy, the kernel that writes the logits
+    stores them into the executor's pinned staging (mapped by UVA), and they match the reference."""
+    sync, graphs, fusion = combo
+    case = model_case(model)
+    strategy = strategy_of(sync, graphs, "qkv", "first-read", fusion, "stream-aware").with_(logits="zero-copy")
+    ex = executor(case, strategy, "cupy")
+    run = workbench.run(case.cfg, strategy, tokens=case.tokens[:N_TOKENS], backend="cuda", start_pos=START,
+                        executor=ex)
+    assert not any(op.kind == "memcpy_d2h" for op in run.plan.host_program)
+    staging = int(ex._staging["logits"].pinned.ctypes.data)
+    for b in ex._plans.values():
+        out = b.plan.graph.outputs["logits"].buffer.name
+        writers = [c for la, c in zip(b.plan.launches, b.calls) if any(v.buffer.name == out for v in la.node.outs)]
+        assert writers and all(any(getattr(a, "ptr", None) == staging for a in c.args) for c in writers), writers
+    err = rel_err(run.logits, case.ref)
+    record(test="zero-copy", model=model, strategy=strategy.label(), kernels="cupy", rel_err=err,
+           us_per_token=run.stats["us_per_token"])
+    assert err <= TOL, f"{strategy.label()}: logits rel err {err:.3g} > {TOL}"

@@ -10,7 +10,8 @@ written:
 * **host program**: the per-token HostOps in order: stream syncs, blocking copies from pageable
   staging (``per-copy``) or async copies from pinned staging (``boundary``/``implicit``), one
   launch per kernel with the event records and waits of the fork/join (eager), or one
-  ``cudaGraphLaunch``, then the async D2H of the logits and the final sync;
+  ``cudaGraphLaunch``, then the async D2H of the logits and the final sync (``--logits
+  zero-copy``: no D2H, the logits' kernel stores into their pinned staging, mapped by UVA);
 * **graphs**: captured once per KV length (CuPy stream capture of the Plan's launches on its
   streams, events included) and replayed per token; a step whose padded KV length grows past
   the captured one gets its own Plan and capture;
@@ -36,7 +37,7 @@ from ..models import ModelConfig, build_graph
 from ..models.blocks import step_input_names, write_step_inputs
 from ..models.weights import device_weight, model_weights, to_storage
 from ..strategy import HostOp, Plan, Strategy
-from ..strategy.host import kernel_launches
+from ..strategy.host import kernel_launches, mapped_outputs
 from ..strategy.steps import plan_for
 from .cuda_ops import KernelCall, bind
 from .device import device_info
@@ -287,7 +288,8 @@ class CudaExecutor:
 
     def _addr_fn(self, plan: Plan, arena: int):
         arena_name = plan.allocation.arena
-        persistent = self.persistent
+        persistent = dict(self.persistent)
+        persistent.update(self._mapped_outputs(plan))
 
         def addr(v: View) -> int:
             name = v.buffer.name
@@ -299,6 +301,20 @@ class CudaExecutor:
                                        "allocation placed it nowhere")
             return base + v.offset
         return addr
+
+    def _mapped_outputs(self, plan: Plan) -> dict[str, int]:
+        """Buffer -> base address of the outputs no D2H copy moves (``--logits zero-copy``): their
+        pinned staging, which UVA maps into the GPU's address space at the same address, so the
+        kernel that writes an output stores straight into the host's buffer."""
+        out = {}
+        for name in mapped_outputs(plan.graph, plan.host_program):
+            view = plan.graph.outputs[name]
+            if view.buffer.nbytes != view.nbytes:
+                raise CudaBackendError(f"--logits zero-copy: output {name!r} is a {view.nbytes}-byte view of the "
+                                       f"{view.buffer.nbytes}-byte buffer {view.buffer.name!r}; only a whole buffer "
+                                       "can live in mapped host memory. Use --logits copy")
+            out[view.buffer.name] = int(self._staging[name].pinned.ctypes.data) - view.offset
+        return out
 
     def _handle(self, plan: Plan, la: Any, call: KernelCall) -> Any:
         stream = self._stream(la.stream).ptr

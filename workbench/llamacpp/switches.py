@@ -90,6 +90,10 @@ def switches_for(strategy: Strategy, build: BuildInfo, has_gdn: bool = False) ->
     if s.streams == "qkv" and not s.graphs:
         raise SwitchError("--streams qkv maps to GGML_CUDA_GRAPH_OPT, which acts only under CUDA graphs: "
                           "add --graphs")
+    if s.logits != "copy":
+        raise SwitchError(f"llama.cpp has no switch for --logits {s.logits}: llama_decode copies the logits to a "
+                          "pinned host buffer after the graph (ggml_backend_tensor_get_async); drop --logits for "
+                          "llamacpp (zero-copy runs on the cuda and sim backends)")
     ours = sorted(s.fusion & set(WORKBENCH_FUSIONS))
     if ours:
         raise SwitchError(f"llama.cpp has no kernel for --fusion {','.join(ours)}: the workbench's own fusions run "

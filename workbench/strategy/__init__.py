@@ -7,6 +7,7 @@ from .strategy import (
     ALL_ON_OURS,
     ALLOCATORS,
     FUSIONS,
+    LOGITS_MODES,
     PDL_TRIGGERS,
     PDL_WAITS,
     STREAM_MODES,
@@ -18,8 +19,8 @@ from .strategy import (
 )
 
 __all__ = [
-    "ALLOCATORS", "ALL_ON", "ALL_ON_OURS", "FUSIONS", "HOST_OPS", "PDL_TRIGGERS", "PDL_WAITS", "STREAM_MODES",
-    "SYNC_MODES",
+    "ALLOCATORS", "ALL_ON", "ALL_ON_OURS", "FUSIONS", "HOST_OPS", "LOGITS_MODES", "PDL_TRIGGERS", "PDL_WAITS",
+    "STREAM_MODES", "SYNC_MODES",
     "Allocation", "HostOp", "Launch", "Plan", "Strategy", "StrategyError", "UnsafeStrategyWarning", "WORKBENCH_FUSIONS",
     "compile_plan",
 ]

@@ -6,6 +6,9 @@ async copies from pinned buffers, one sync (``s a a a a s``). ``implicit``: asyn
 ordered by the stream alone (``a a a a``). Then the kernels (eager: one launch per kernel with
 the event records/waits between them; graphs: one ``cudaGraphLaunch``), the async D2H of the
 logits into a pinned buffer and the final ``cudaStreamSynchronize`` that hands them to the host.
+With ``--logits zero-copy`` there is no D2H: the kernel that writes the logits stores them into
+pinned host memory mapped into the GPU's address space (``mapped_outputs``), and the final sync
+alone hands them over (it waits for that kernel, whose writes are flushed when it completes).
 """
 
 from __future__ import annotations
@@ -67,11 +70,20 @@ def host_program(graph: Graph, launches: Sequence[Launch], strategy: Strategy,
     own inputs where an executor copies others (llama.cpp's split inputs)."""
     ops = input_copies(graph_inputs(graph) if inputs is None else inputs, strategy.sync)
     ops.extend(kernel_launches(launches, strategy.graphs))
-    for name, v in graph.outputs.items():
-        ops.append(HostOp("memcpy_d2h", HOST_OPS["memcpy_d2h"][0], 0, tensor=name, nbytes=v.nbytes,
-                          host_buffer="pinned"))
+    if strategy.logits == "copy":
+        for name, v in graph.outputs.items():
+            ops.append(HostOp("memcpy_d2h", HOST_OPS["memcpy_d2h"][0], 0, tensor=name, nbytes=v.nbytes,
+                              host_buffer="pinned"))
     ops.append(_sync())
     return ops
+
+
+def mapped_outputs(graph: Graph, program: Sequence[HostOp]) -> list[str]:
+    """The step's outputs that no D2H copy of ``program`` moves: under ``--logits zero-copy`` they
+    live in mapped pinned host memory, written there by their kernels and read by the host after
+    the final sync."""
+    copied = {op.tensor for op in program if op.kind == "memcpy_d2h"}
+    return [name for name in graph.outputs if name not in copied]
 
 
 def pattern(program: Sequence[HostOp]) -> str:

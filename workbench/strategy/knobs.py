@@ -12,7 +12,7 @@ from collections.abc import Callable, Iterable
 from dataclasses import dataclass, fields
 
 from ..graph import KERNEL_FAMILIES
-from .strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
+from .strategy import ALLOCATORS, FUSIONS, LOGITS_MODES, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
 
 
 @dataclass(frozen=True)
@@ -53,6 +53,9 @@ KNOBS: tuple[Knob, ...] = (
     Knob("fusion", "--fusion", "set", FUSIONS, "comma-separated graph rewrites"),
     Knob("allocator", "--allocator", "choice", ALLOCATORS,
          "scratch reuse: serial-reuse (ggml-alloc), stream-aware, no-reuse"),
+    Knob("logits", "--logits", "choice", LOGITS_MODES,
+         "logits to the host: copy (an async D2H copy after the step, llama.cpp) or zero-copy (written by "
+         "their kernel into mapped pinned host memory: no copy on the critical path)"),
 )
 
 KNOB_BY_FIELD = {k.field: k for k in KNOBS}

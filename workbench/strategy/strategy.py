@@ -21,6 +21,9 @@ WORKBENCH_FUSIONS = ("norm-mat-vec", "qkv-rope-store")
 FUSIONS = ("copy-elim", "rms-norm-mul", "mul-mat-add", "mul-mat-glu", "rope-set-rows", "add-chain", "topk-moe",
            "rms-norm-mul-rope", "moe-weighted-reduction", *WORKBENCH_FUSIONS)
 ALLOCATORS = ("serial-reuse", "stream-aware", "no-reuse")  # PR #16991's buffer-lifetime discussion
+#: how the logits reach the host: llama.cpp's async D2H copy after the step, or zero-copy (the
+#: kernel that writes them stores into pinned host memory mapped into the GPU's address space)
+LOGITS_MODES = ("copy", "zero-copy")
 
 
 class StrategyError(ValueError):
@@ -44,6 +47,7 @@ class Strategy:
     pdl_families: tuple[tuple[str, str, str], ...] = ()
     fusion: frozenset[str] = field(default_factory=frozenset)
     allocator: str = "serial-reuse"
+    logits: str = "copy"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "fusion", frozenset(self.fusion))
@@ -53,6 +57,7 @@ class Strategy:
         _check("pdl-wait", self.pdl_wait, PDL_WAITS)
         _check("pdl-trigger", self.pdl_trigger, PDL_TRIGGERS)
         _check("allocator", self.allocator, ALLOCATORS)
+        _check("logits", self.logits, LOGITS_MODES)
         for f in self.fusion:
             _check("fusion", f, FUSIONS)
         for fam, wait, trig in self.pdl_families:
@@ -104,6 +109,8 @@ class Strategy:
         parts.extend(sorted(self.fusion))
         if self.allocator != "serial-reuse":
             parts.append(self.allocator)
+        if self.logits != "copy":
+            parts.append(f"logits-{self.logits}")
         return "+".join(parts)
 
 

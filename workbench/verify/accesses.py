@@ -17,7 +17,8 @@ Where a kernel access lies follows its launch's PDL placement:
 
 A memcpy reads its source and writes its destination during ``[start, end]``; the host reads or
 writes its staging buffers at one host point (a blocking copy from pageable memory reads it when
-the CPU stages it).
+the CPU stages it), and reads a zero-copy output (``--logits zero-copy``) as the device tensor
+itself, which its kernel wrote into mapped host memory.
 """
 
 from __future__ import annotations
@@ -121,6 +122,8 @@ def collect(hb: HappensBefore) -> AccessTable:
 def _op_accesses(plan: Plan, op: Op, written: set[str]) -> list[Access]:
     if op.kind == "kernel":
         return _kernel_accesses(op, written)
+    if op.reads is not None:  # the host reads a zero-copy output where its kernel wrote it
+        return [Access(op.index, False, op.reads, op.start, op.end, "reads zero-copy output", "host")]
     hop = op.host_op
     assert hop is not None
     d2h = hop.kind == "memcpy_d2h"

@@ -34,6 +34,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ..graph import View
+from ..strategy.host import mapped_outputs
 from ..strategy.plan import HostOp, Launch, Plan
 
 #: Host op kinds this analysis understands (plan.HOST_OPS plus ``device_sync``).
@@ -67,6 +69,9 @@ class Op:
     #: for a captured kernel: the stream its graph was launched on, and the capture's origin stream
     graph_stream: int | None = None
     capture_origin: int | None = None
+    #: for a host step reading a zero-copy output (``--logits zero-copy``): the output's view, in
+    #: mapped host memory that its kernel wrote directly
+    reads: View | None = None
 
     @property
     def lane(self) -> tuple[str, int | None]:
@@ -234,6 +239,7 @@ class _Unroller:
         program = self.plan.host_program
         h2d = [h for h in program if h.kind == "memcpy_h2d"]
         d2h = [h for h in program if h.kind == "memcpy_d2h"]
+        mapped = mapped_outputs(self.plan.graph, program)
         eager_events = any(h.kind in ("event_record", "stream_wait_event") for h in program)
         if any(h.kind == "launch" for h in program) and not eager_events and \
                 any(la.wait_events or la.record_events for la in self.plan.launches):
@@ -251,6 +257,11 @@ class _Unroller:
                 p = self.host_step("reads host output buffers")
                 for hop in d2h:
                     self.new_op("host", f"host reads {hop.tensor}", None, p, p, p, p, host_op=hop)
+            if mapped:
+                p = self.host_step("reads zero-copy outputs")
+                for name in mapped:
+                    self.new_op("host", f"host reads {name} (zero-copy)", None, p, p, p, p,
+                                reads=self.plan.graph.outputs[name])
         return self.hb
 
     def host_op(self, i: int, hop: HostOp) -> None:

@@ -202,6 +202,11 @@ class Explainer:
                     f"and nothing between them waits for it (no stream sync after the copy)",
                     f"synchronize stream {oa.stream} (cudaStreamSynchronize) after the copy and before the host "
                     f"rewrites the buffer (a sync at the token boundary), or make the copy blocking")
+        if ob.kind == "host" and ob.reads is not None:
+            return ("host-read",
+                    f"the host reads the zero-copy output {a.view.buffer.name} for token {ob.token} while kernel "
+                    f"{oa.name}, which writes it into mapped host memory, may still be running (no sync after it)",
+                    f"cudaStreamSynchronize({oa.stream}) after the step, before the host reads the output")
         if ob.kind == "host" and not b.write:
             return ("host-read",
                     f"the host reads {a.view.buffer.name} for token {ob.token} before the asynchronous "

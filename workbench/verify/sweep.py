@@ -10,7 +10,7 @@ from __future__ import annotations
 import itertools
 from collections.abc import Iterator
 
-from ..strategy.strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, STREAM_MODES, SYNC_MODES, Strategy
+from ..strategy.strategy import ALLOCATORS, FUSIONS, LOGITS_MODES, PDL_TRIGGERS, STREAM_MODES, SYNC_MODES, Strategy
 
 SAFE_WAITS = ("start", "first-read")
 #: ``auto`` streams are swept at these stream limits (qkv always uses 3)
@@ -31,11 +31,14 @@ def pdl_options() -> list[dict]:
 
 def valid_strategies() -> Iterator[Strategy]:
     """Every combination of sync x graphs x streams (x max_streams for auto) x allocator x PDL
-    placement x fusion set that is meant to be race-free."""
+    placement x fusion set that is meant to be race-free; zero-copy logits with no fusion and
+    with every fusion (a rewrite changes the kernels, not who writes the logits or when the
+    host reads them)."""
     for sync, graphs, streams, allocator in itertools.product(SYNC_MODES, (False, True), STREAM_MODES, ALLOCATORS):
         if streams != "single" and allocator == "serial-reuse":
             continue
         for max_streams in AUTO_MAX_STREAMS if streams == "auto" else (4,):
             for pdl, fusion in itertools.product(pdl_options(), fusion_sets()):
-                yield Strategy(sync=sync, graphs=graphs, streams=streams, max_streams=max_streams,
-                               allocator=allocator, fusion=fusion, **pdl)
+                for logits in LOGITS_MODES if fusion in (frozenset(), frozenset(FUSIONS)) else ("copy",):
+                    yield Strategy(sync=sync, graphs=graphs, streams=streams, max_streams=max_streams,
+                                   allocator=allocator, fusion=fusion, logits=logits, **pdl)

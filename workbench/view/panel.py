@@ -39,7 +39,7 @@ from ..exec.cuda_backend import present_gpu_name
 from ..graph import KERNEL_FAMILIES
 from ..models import ModelConfig, load_config
 from ..models.presets import PRESETS
-from ..strategy import ALLOCATORS, FUSIONS, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
+from ..strategy import ALLOCATORS, FUSIONS, LOGITS_MODES, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
 from ..verify import RaceReport
 from .session import Entry, LabSession, RunSettings
 from .timeline import timeline, timeline_widget
@@ -114,6 +114,10 @@ class ControlPanel:
                                for f in KERNEL_FAMILIES}
         self.fusion = {f: W.Checkbox(description=f, indent=False, layout=W.Layout(width="130px")) for f in FUSIONS}
         self.allocator = W.Dropdown(options=list(ALLOCATORS), description="allocator", style=style, layout=wide)
+        self.logits = W.ToggleButtons(options=list(LOGITS_MODES), description="logits",
+                                      tooltips=["async D2H copy after the step (llama.cpp)",
+                                                "their kernel writes them into mapped pinned host memory"],
+                                      style={"button_width": "92px"})
         # -- actions and outputs -------------------------------------------------------------
         self.auto = W.Checkbox(value=auto, description="run on every change", indent=False,
                                layout=W.Layout(width="170px"))
@@ -162,7 +166,8 @@ class ControlPanel:
         return Strategy(sync=self.sync.value, graphs=self.graphs.value, streams=self.streams.value,
                         max_streams=self.max_streams.value, pdl=self.pdl.value, pdl_wait=self.pdl_wait.value,
                         pdl_trigger=self.pdl_trigger.value, pdl_families=families,
-                        fusion=frozenset(f for f, w in self.fusion.items() if w.value), allocator=self.allocator.value)
+                        fusion=frozenset(f for f, w in self.fusion.items() if w.value), allocator=self.allocator.value,
+                        logits=self.logits.value)
 
     def set_strategy(self, s: Strategy) -> None:
         """Set every knob widget from ``s`` without triggering runs."""
@@ -178,6 +183,7 @@ class ControlPanel:
             for f, box in self.fusion.items():
                 box.value = f in s.fusion
             self.allocator.value = s.allocator
+            self.logits.value = s.logits
         finally:
             self._quiet -= 1
         self._sync_enabled()
@@ -201,7 +207,7 @@ class ControlPanel:
         return {"sync": self.sync, "graphs": self.graphs, "streams": self.streams, "max_streams": self.max_streams,
                 "pdl": self.pdl, "pdl_wait": self.pdl_wait, "pdl_trigger": self.pdl_trigger,
                 "pdl_families": (self.family_wait, self.family_trigger), "fusion": self.fusion,
-                "allocator": self.allocator}
+                "allocator": self.allocator, "logits": self.logits}
 
     # -------------------------------------------------------------------------- running
     def run(self) -> Entry | None:
@@ -392,7 +398,8 @@ class ControlPanel:
     def _knobs(self) -> list[W.Widget]:
         return [self.model, self.layers, self.context, self.position, self.tokens, self.backend, self.gpu, self.host,
                 self.sync, self.graphs, self.streams, self.max_streams, self.pdl, self.pdl_wait, self.pdl_trigger,
-                *self.family_wait.values(), *self.family_trigger.values(), *self.fusion.values(), self.allocator]
+                *self.family_wait.values(), *self.family_trigger.values(), *self.fusion.values(), self.allocator,
+                self.logits]
 
     def _wire(self) -> None:
         for w in self._knobs():
@@ -436,7 +443,7 @@ class ControlPanel:
         model = W.VBox([W.HTML("<b>Model</b>"), self.model, self.layers, self.context, self.position, self.tokens])
         backend = W.VBox([W.HTML("<b>Backend</b>"), self.backend, self.gpu, self.host, self.allocator,
                           W.HBox(list(self.fusion.values()))])
-        strat = W.VBox([W.HTML("<b>Strategy</b>"), self.sync, W.HBox([self.streams, self.max_streams]),
+        strat = W.VBox([W.HTML("<b>Strategy</b>"), self.sync, self.logits, W.HBox([self.streams, self.max_streams]),
                         W.HBox([self.graphs, self.pdl, self.pdl_wait, self.pdl_trigger])])
         grid = [W.HTML("<b>family</b>"), W.HTML("<b>wait</b>"), W.HTML("<b>trigger</b>")]
         for f in KERNEL_FAMILIES:
