@@ -221,3 +221,24 @@ def test_pdl_fit_grows_the_prologue_when_a_boundary_saves_more_than_gap_and_prol
     _fit_pdl(o, raw)
     assert (o.device["pdl_prologue_ns"], o.device["pdl_release_ns"]) == (prologue, release)
     assert o.sources["device.pdl_prologue_ns"].startswith("grown to" if saving > 536 else "kept at")
+
+
+def test_token_overhead_is_the_steps_own_host_work() -> None:
+    """The executor's us/token runs from a step's start to its final sync's return, so the fit
+    charges a token only the host work inside the step (``fit.step_host_ns``: the timed step less
+    its timed ops' span), not the host's time between steps (the logits copied out, the decode
+    loop: ``to_next_token_ns``), which the simulator would otherwise add to every token."""
+    import gzip
+    from pathlib import Path
+
+    import pandas as pd
+
+    from workbench.exec.calibrate.fit import step_host_ns, timing_cost_ns
+
+    with gzip.open(Path(__file__).parents[1] / "data/bench/calibration_raw_h200_s13.json.gz", "rt") as f:
+        raw = json.load(f)
+    inside, n = step_host_ns(raw, timing_cost_ns(raw))
+    between = pd.DataFrame(raw["host_ops"])["to_next_token_ns"].dropna().median()
+    assert n == 16 and 0 < inside < 10_000 < 20_000 < between  # 2.1 us inside a step, 29 us between steps
+    assert load_calibration("h200").host.token_overhead_ns == pytest.approx(inside, abs=0.1)
+    assert step_host_ns({"runs": [], "host_ops": []}, 0.0)[1] == 0  # older raw files: the earlier rules

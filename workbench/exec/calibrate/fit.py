@@ -26,7 +26,7 @@ from .kernel_fit import (
     measured_kernels,
     pdl_saving_ns,
 )
-from .specs import DURATION_RUNS, EAGER, EAGER_PDL, EAGER_QKV, GRAPHS, GRAPHS_PDL
+from .specs import DURATION_RUNS, EAGER, EAGER_PDL, EAGER_QKV, GRAPH_RUNS, GRAPHS, GRAPHS_PDL
 from .tables import LAUNCH_APIS, nan_median
 
 #: how the untraced host costs were timed (the start of their source text)
@@ -71,6 +71,7 @@ class _HostTimes:
         self.api = pd.DataFrame(raw["api"])
         self.ops = pd.DataFrame(raw.get("host_ops", []))
         self.hook_ns = timing_cost_ns(raw)
+        self.step_ns, self.step_runs = step_host_ns(raw, self.hook_ns)
         if self.hook_ns > 0:  # each period without what timing it cost (the runs users make are not timed so)
             self.ops["period_ns"] = self.ops["period_ns"] - self.hook_ns
             if "to_next_token_ns" in self.ops:
@@ -110,6 +111,25 @@ class _HostTimes:
                  (EAGER_QKV, ("cudaEventRecord",), {"kind": "event_record"})]
         v = nan_median(self.traced(st, names)[0] - self.untraced([st], **m)[0] for st, names, m in pairs)
         return v if v > 0 else 0.0
+
+
+def step_host_ns(raw: Mapping[str, Any], hook_ns: float) -> tuple[float, int]:
+    """The host work of a step outside its CUDA calls, as its measured time counts it: per
+    graph-replay run (few host ops, so little timing in the way), its us/token with every op timed
+    (``CudaExecutor.step``: from the step's start to its final sync's return) less the span of
+    its timed ops (the first call's start to the last call's end) and one op's timing cost; the
+    median over the runs and their count (NaN, 0 for raw files without the timed pass)."""
+    runs, ho = pd.DataFrame(raw.get("runs", [])), pd.DataFrame(raw.get("host_ops", []))
+    if runs.empty or ho.empty or "hooked_us_per_token" not in runs:
+        return float("nan"), 0
+    ho = ho[ho["strategy"].isin(GRAPH_RUNS)].sort_values(["model", "strategy", "token", "i"])
+    last = ho.groupby(["model", "strategy", "token"]).tail(1)
+    span = (ho.groupby(["model", "strategy", "token"])["period_ns"].sum(min_count=1).fillna(0)
+            + last.set_index(["model", "strategy", "token"])["duration_ns"]).groupby(["model", "strategy"]).mean()
+    hooked = pd.to_numeric(runs["hooked_us_per_token"], errors="coerce") * 1e3
+    per = [h - span[(m, st)] - hook_ns for m, st, h in zip(runs["model"], runs["strategy"], hooked)
+           if (m, st) in span.index and h == h]
+    return nan_median(per), len(per)
 
 
 def timing_cost_ns(raw: Mapping[str, Any]) -> float:
@@ -276,10 +296,18 @@ def _fit_copies_and_syncs(o: _Output, times: _HostTimes, cupti_ns: float) -> Non
     else:
         o.set_host("memcpy_blocking_ns", nan_median(per_copy["issue_ns"]), "median CUPTI time from a blocking "
                    "cudaMemcpy's start to its copy starting on the device (per-copy runs)", len(per_copy))
-    # the host work between tokens (inputs, staging, logits) that no API call covers
+    # the host work of a token that no API call covers, as the executor's us/token counts it: its
+    # step's own (the inputs' values), not what the host does between steps (the logits copied
+    # out of the staging, the decode loop), which the measured time leaves out (CudaExecutor.step)
     ho = times.ops
     tok = ho["to_next_token_ns"].dropna() if "to_next_token_ns" in ho else pd.Series(dtype=float)
-    if len(tok):
+    if times.step_runs:
+        o.set_host("token_overhead_ns", times.step_ns, "median over the graph-replay runs of the host-clock time per "
+                   "token with every host op timed (CudaExecutor.step: from its start to its final sync's return) less "
+                   "the span of those ops and one op's timing cost: the step's host work outside CUDA calls (the "
+                   "inputs' values). The host's work between steps (the logits copied out, the decode loop; "
+                   f"median {nan_median(tok):.0f} ns) is not part of a token's measured time", times.step_runs)
+    elif len(tok):
         o.set_host("token_overhead_ns", float(tok.median()), "median host-clock time (untraced) from the return of "
                    "a token's final sync to the next token's first call: the executor's per-token Python (input "
                    "values, staging, logits copy)", len(tok))
