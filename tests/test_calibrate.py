@@ -239,6 +239,6 @@ def test_token_overhead_is_the_steps_own_host_work() -> None:
         raw = json.load(f)
     inside, n = step_host_ns(raw, timing_cost_ns(raw))
     between = pd.DataFrame(raw["host_ops"])["to_next_token_ns"].dropna().median()
-    assert n == 16 and 0 < inside < 10_000 < 20_000 < between  # 2.1 us inside a step, 29 us between steps
+    assert n == 16 and 0 < inside < 10_000 and between > 20_000  # 2.1 us inside a step, 29 us between steps
     assert load_calibration("h200").host.token_overhead_ns == pytest.approx(inside, abs=0.1)
     assert step_host_ns({"runs": [], "host_ops": []}, 0.0)[1] == 0  # older raw files: the earlier rules
