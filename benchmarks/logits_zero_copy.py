@@ -25,12 +25,10 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 import workbench  # noqa: E402
-from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
 from workbench.models import preset  # noqa: E402
-from workbench.strategy import WORKBENCH_FUSIONS, Strategy  # noqa: E402
+from workbench.strategy import ALL_ON_OURS  # noqa: E402
 
-PEER_BEST = Strategy(graphs=True, pdl=True, pdl_trigger="after-main-loop", streams="qkv", sync="implicit",
-                     allocator="stream-aware", fusion=frozenset(LLAMACPP_FUSION) | frozenset(WORKBENCH_FUSIONS))
+PEER_BEST = ALL_ON_OURS.with_(pdl_trigger="after-main-loop")
 MODES = ("copy", "zero-copy")
 
 

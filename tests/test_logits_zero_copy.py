@@ -13,6 +13,7 @@ import workbench
 from workbench.cli import main
 from workbench.exec import cuda_backend
 from workbench.exec.calibration import load_calibration
+from workbench.exec.cost import memcpy_ns
 from workbench.llamacpp.switches import BuildInfo, SwitchError, switches_for
 from workbench.models import build_graph, preset
 from workbench.strategy import ALL_ON, Strategy, StrategyError, compile_plan
@@ -35,9 +36,7 @@ def test_host_program_drops_only_the_d2h_copy():
 def test_simulator_saves_the_logits_copy():
     """The simulated token is shorter by about what the calibration charges the D2H copy of a
     vocabulary of float32 logits (llama-3.2-1b: 128256 x 4 bytes over PCIe)."""
-    cal = load_calibration("h200")
-    nbytes = 128256 * 4
-    copy_ns = cal.memcpy_latency_ns + nbytes / cal.pcie_GBps
+    copy_ns = memcpy_ns(128256 * 4, load_calibration("h200"))
     us = {s.logits: workbench.run("llama-3.2-1b", s, tokens=6, layers=2, backend="sim", gpu="h200",
                                   quiet=True).stats["us_per_token"] for s in (ALL_ON, ZC)}
     assert us["copy"] - us["zero-copy"] == pytest.approx(copy_ns / 1e3, rel=0.5)
