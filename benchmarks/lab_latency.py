@@ -5,9 +5,12 @@ top to bottom under nbclient. One process, on the backend a user gets (``cuda`` 
 Targets: llama-3.2-1b (6 tokens) first run <= 10 s and later toggles <= 2 s (median of 10
 toggles across different knobs); llama-3.1-8b first <= 20 s, toggles <= 5 s; qwen3-next-80b-a3b
 ``--layers 4`` toggles <= 3 s; GPU memory after 100 toggles within 5 % of after the first; each
-notebook <= 60 s.
+notebook <= 60 s. ``--backends cuda,llamacpp`` also times the panel on the real llama.cpp (a build
+named by ``$WORKBENCH_LLAMACPP``) through llama.cpp's own switches (no target: every run is a fresh
+llama.cpp process that loads the model).
 
     python benchmarks/lab_latency.py --out $OUT/lab_latency.json [--memory-toggles 100] [--notebooks]
+        [--backends cuda,llamacpp]
     python benchmarks/lab_latency.py --report $OUT/lab_latency.json --md data/bench/lab_latency_h200.md
 """
 
@@ -38,6 +41,17 @@ TOGGLES = (
     Strategy(sync="boundary"),
     Strategy(pdl=True),
 )
+
+
+def llamacpp_toggles() -> tuple[Strategy, ...]:
+    """The toggle sequence on llama.cpp: its switch settings (``llamacpp_peer.CONFIGS``), each a
+    knob or two away from the one before."""
+    from llamacpp_peer import CONFIGS
+
+    return tuple(CONFIGS[c][0] for c in ("graphs", "no_fusion", "default", "graph_opt", "graph_opt_sync_implicit",
+                                         "sync_implicit", "pdl0", "no_graphs_pdl0", "eager", "default"))
+
+
 #: (model, layers, tokens, first-run target s, toggle target s)
 MODELS = (("llama-3.2-1b", None, 6, 10.0, 2.0), ("llama-3.1-8b", None, 6, 20.0, 5.0),
           ("qwen3-next-80b-a3b", 4, 6, None, 3.0))
@@ -64,7 +78,7 @@ def toggle_latency(model: str, layers: int | None, tokens: int, backend: str, me
         if first is None:
             raise RuntimeError(f"{model}: {p.last_error}")
         toggles = []
-        for st in TOGGLES:
+        for st in llamacpp_toggles() if backend == "llamacpp" else TOGGLES:
             t = time.perf_counter()
             p.set_strategy(st)
             e = p.run()
@@ -137,16 +151,20 @@ def report(data: dict[str, Any]) -> str:
              "|---|---|---|---|---|---|"]
     targets = {m: (f, t) for m, _, _, f, t in MODELS}
     for r in data["toggle_latency"]:
-        f, t = targets.get(r["model"], (None, None))
+        f, t = targets.get(r["model"], (None, None)) if r["backend"] != "llamacpp" else (None, None)
         mem = r.get("memory")
         lines.append(f"| {r['model']}{' --layers ' + str(r['layers']) if r['layers'] else ''} | {r['backend']} | "
-                     f"{r['first_s']:.2f} ({'<= ' + str(f) if f else '-'}) | {r['toggle_median_s']:.2f} (<= {t}) | "
+                     f"{r['first_s']:.2f} ({'<= ' + str(f) if f else '-'}) | {r['toggle_median_s']:.2f} "
+                     f"({'<= ' + str(t) if t else '-'}) | "
                      f"{r['toggle_max_s']:.2f} | "
                      + (f"{mem['device_growth_pct']:+.2f} % after {mem['toggles']} toggles" if mem else "-") + " |")
-    lines += ["", "Per toggle:", "", "| model | strategy | s | us/token |", "|---|---|---|---|"]
+    lines += ["", "Per toggle:", "", "| model | backend | strategy | s | us/token |", "|---|---|---|---|---|"]
     for r in data["toggle_latency"]:
         for x in r["toggles"]:
-            lines.append(f"| {r['model']} | `{x['strategy']}` | {x['seconds']:.2f} | {x['us_per_token']:.1f} |")
+            lines.append(f"| {r['model']} | {r.get('backend', '-')} | `{x['strategy']}` | {x['seconds']:.2f} | "
+                         f"{x['us_per_token']:.1f} |")
+    for e in data.get("errors", ()):
+        lines.append(f"\n{e['model']} on {e['backend']} failed: {e['error']}")
     if data.get("notebooks"):
         lines += ["", "Notebooks top to bottom under nbclient (budget 60 s each):", "",
                   "| notebook | s | ok |", "|---|---|---|"]
@@ -160,6 +178,9 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--out", type=Path, help="write the measurements here (JSON)")
     ap.add_argument("--models", default=",".join(m for m, *_ in MODELS))
+    ap.add_argument("--backends", help="comma-separated (default: the backend a user gets here, cuda on a GPU)")
+    ap.add_argument("--llamacpp-models", default="llama-3.2-1b,llama-3.1-8b",
+                    help="the models --backends llamacpp runs")
     ap.add_argument("--memory-toggles", type=int, default=100)
     ap.add_argument("--notebooks", action="store_true", help="also run every notebook under nbclient")
     ap.add_argument("--report", type=Path, help="JSON from an earlier run: write the markdown only")
@@ -170,13 +191,21 @@ def main() -> int:
     else:
         from workbench.api import default_backend
 
-        backend = default_backend()[0]
-        wanted = set(args.models.split(","))
+        backends = args.backends.split(",") if args.backends else [default_backend()[0]]
         data = {"environment": environment(), "toggle_latency": [], "notebooks": []}
-        for model, layers, tokens, _, _ in MODELS:
-            if model in wanted:
-                data["toggle_latency"].append(toggle_latency(model, layers, tokens, backend,
-                                                             args.memory_toggles if model == "llama-3.2-1b" else 0))
+        for backend in backends:
+            wanted = set((args.llamacpp_models if backend == "llamacpp" else args.models).split(","))
+            for model, layers, tokens, _, _ in MODELS:
+                if model not in wanted:
+                    continue
+                try:
+                    row = toggle_latency(model, layers, tokens, backend,
+                                         args.memory_toggles if model == "llama-3.2-1b" else 0)
+                except (RuntimeError, ValueError) as e:  # a failing backend is a result: the rest still runs
+                    print(f"{model} on {backend}: {e}", file=sys.stderr, flush=True)
+                    data.setdefault("errors", []).append({"model": model, "backend": backend, "error": str(e)})
+                    continue
+                data["toggle_latency"].append(row)
                 if args.out:
                     args.out.write_text(json.dumps(data, indent=1))
         if args.notebooks:

@@ -155,6 +155,36 @@ def test_backends_offered(monkeypatch):
     assert ControlPanel(MODEL).backend.options == ("sim",)
     monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (True, "1 CUDA device(s)"))
     assert panel_mod.available_backends() == ["cuda", "sim"]
+    with pytest.raises(ValueError, match="WORKBENCH_LLAMACPP"):
+        ControlPanel(MODEL, backend="llamacpp")
+
+
+@pytest.mark.slow
+def test_llamacpp_in_the_panel(llamacpp_lib, monkeypatch, tmp_path):
+    """With a build named, the panel offers llama.cpp; switching to it sets the knobs llama.cpp
+    has no switch for to its own and greys them; a run shows its switches, no race verdict of a
+    Plan llama.cpp does not run, and a refused knob stays in the status line."""
+    from workbench.exec import cuda_backend
+
+    monkeypatch.setattr(cuda_backend, "cuda_available", lambda: (False, "no GPU"))
+    monkeypatch.setenv("WORKBENCH_LLAMACPP", llamacpp_lib)
+    assert panel_mod.available_backends() == ["llamacpp", "sim"]
+    p = ControlPanel(MODEL, tokens=3, backend="sim", strategy=Strategy(allocator="stream-aware", logits="zero-copy",
+                                                                       fusion=frozenset({"norm-mat-vec"})),
+                     out_dir=tmp_path)
+    p.backend.value = "llamacpp"
+    assert p.strategy() == Strategy()
+    assert "no switch for allocator, logits, fusion" in p.status.value
+    assert p.allocator.disabled and p.logits.disabled and p.fusion["norm-mat-vec"].disabled
+    assert not p.fusion["rms-norm-mul"].disabled and not p.graphs.disabled
+    e = p.run()
+    assert e is not None, p.last_error
+    assert e.backend == "llamacpp" and e.races is None and e.us_per_token > 0
+    assert "CPU (llama.cpp)" in p.status.value and "GGML_CUDA_DISABLE_GRAPHS=1" in p.status.value
+    assert "llama.cpp schedules its own graph" in p.summary.value
+    assert p.export("json").exists()
+    p.graphs.value = True  # a CPU build has no CUDA graphs: refused, shown, the previous run kept
+    assert p.run() is None and "CPU-only" in p.last_error and p.shown is e
 
 
 def test_calibration_choice_changes_host_profiles_and_device(p):

@@ -259,11 +259,10 @@ class CudaExecutor:
             return b
         arena = self._arena_for(plan)
         addr = self._addr_fn(plan, arena)
-        calls, handles = [], []
-        for la in plan.launches:
-            call = bind(la.node, addr, lambda key, n: self._workspace(key, n))
-            calls.append(call)
-            handles.append(self._handle(plan, la, call))
+        calls = [bind(la.node, addr, lambda key, n: self._workspace(key, n)) for la in plan.launches]
+        self.modules.prefetch({(call.source, *self._placement(la)) for la, call in zip(plan.launches, calls)
+                               if not (self.kernel_set == "numba" and call.numba is not None)})
+        handles = [self._handle(plan, la, call) for la, call in zip(plan.launches, calls)]
         b = self._plans[n_kv] = _Bound(plan, handles, calls, None, arena)
         b.host = [(op, self._host_fn(b, op)) for op in plan.host_program]
         b.inputs = {name: self._staged(plan, name, "memcpy_h2d") for name in step_input_names(plan.graph)}
@@ -316,6 +315,10 @@ class CudaExecutor:
             out[view.buffer.name] = int(self._staging[name].pinned.ctypes.data) - view.offset
         return out
 
+    def _placement(self, la: Any) -> tuple[str, str]:
+        """The (wait, trigger) module a launch's kernel comes from."""
+        return (la.wait, la.trigger) if self.strategy.pdl else ("none", "none")
+
     def _handle(self, plan: Plan, la: Any, call: KernelCall) -> Any:
         stream = self._stream(la.stream).ptr
         if self.kernel_set == "numba" and call.numba is not None:
@@ -325,8 +328,7 @@ class CudaExecutor:
                 h()
                 self._stream(la.stream).synchronize()
             return h
-        wait, trigger = (la.wait, la.trigger) if self.strategy.pdl else ("none", "none")
-        fn = self.modules.function(call.source, call.name, wait, trigger)
+        fn = self.modules.function(call.source, call.name, *self._placement(la))
         cluster = call.cluster if self.cc >= (9, 0) else None  # no clusters before Hopper: the kernel's ticket path
         return LaunchHandle(call.name, fn, call.grid, call.block, stream, call.args, pdl=la.pdl, cluster=cluster)
 

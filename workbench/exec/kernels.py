@@ -178,13 +178,35 @@ class ModuleCache:
         key = (source, name, wait, trigger)
         fn = self._functions.get(key)
         if fn is None:
-            mkey = (source, wait, trigger)
-            mod = self._modules.get(mkey)
-            if mod is None:
-                mod = self._modules[mkey] = self._cupy.RawModule(code=kernel_source(source),
-                                                                 options=compile_options(wait, trigger, self.cc))
-            fn = self._functions[key] = mod.get_function(name)
+            fn = self._functions[key] = self._module((source, wait, trigger)).get_function(name)
         return fn
+
+    def _module(self, mkey: tuple[str, str, str]) -> Any:
+        mod = self._modules.get(mkey)
+        if mod is None:
+            source, wait, trigger = mkey
+            mod = self._modules[mkey] = self._cupy.RawModule(code=kernel_source(source),
+                                                             options=compile_options(wait, trigger, self.cc))
+        return mod
+
+    def prefetch(self, keys: set[tuple[str, str, str]]) -> None:
+        """Compile the modules ``(source, wait, trigger)`` not compiled yet, side by side: NVRTC
+        runs without the GIL, and a cold first run (or a new PDL placement) otherwise pays each
+        source's compile one after another (data/bench/lab_latency_h100.md)."""
+        todo = sorted(k for k in keys if k not in self._modules)
+        if len(todo) < 2:
+            return
+        from concurrent.futures import ThreadPoolExecutor
+
+        mods = [self._module(k) for k in todo]
+        device = self._cupy.cuda.Device().id
+
+        def compile_one(mod: Any) -> None:
+            with self._cupy.cuda.Device(device):
+                mod.compile()
+
+        with ThreadPoolExecutor(max_workers=len(mods)) as pool:
+            list(pool.map(compile_one, mods))  # re-raises a compile error here, as a lookup would
 
     @property
     def compiled(self) -> int:

@@ -124,6 +124,23 @@ class LlamaCppBackend:
 
     name = "llamacpp"
     Options = LlamaCppOptions
+    #: llama.cpp runs its own graph, allocator and streams: the workbench's Plans ride along as
+    #: metadata, so a race check of them would prove nothing about this run (the lab says so)
+    schedules_own_graph = True
+
+    def configured(self) -> bool:
+        """A build is named by ``$WORKBENCH_LLAMACPP`` and holds the libraries (what the lab offers)."""
+        try:
+            build_folder(LlamaCppOptions())
+        except BackendError:
+            return False
+        return True
+
+    def can_trace(self) -> bool:
+        """CUPTI timelines need the configured build to have CUDA (a CPU build's runs are timed per token)."""
+        from ..llamacpp.switches import BuildInfo
+
+        return self.configured() and BuildInfo.of(build_folder(LlamaCppOptions())).cuda
 
     def available(self) -> tuple[bool, str]:
         """Always runnable here: which build is used is an option (``build`` / ``--llamacpp``),

@@ -1,7 +1,8 @@
 """The lab's control panel: every knob as a widget, a Run button, and what a run shows.
 
 ``ControlPanel`` puts a model (preset, layers, context, start position, tokens), a backend
-(``sim`` with a GPU calibration and host profile, ``cuda`` only where a GPU is present) and every
+(``sim`` with a GPU calibration and host profile, ``cuda`` only where a GPU is present, ``llamacpp``
+where ``$WORKBENCH_LLAMACPP`` names a build: the knobs llama.cpp has no switch for are greyed) and every
 Strategy knob, PDL wait and trigger per kernel family included, above four outputs: the Nsight-like
 timeline, a stats table of the run history with the speedup against a pinned baseline, the
 baseline-vs-run comparison, and the race check's verdict. Export buttons write the shown run as
@@ -36,10 +37,21 @@ import plotly.graph_objects as go
 from ..exec.backend import get_backend
 from ..exec.calibration import default_gpu, known_gpus, load_calibration
 from ..exec.cuda_backend import present_gpu_name
+from ..exec.llamacpp import BUILD_ENV as LLAMACPP_BUILD_ENV
 from ..graph import KERNEL_FAMILIES
 from ..models import ModelConfig, load_config
 from ..models.presets import PRESETS
-from ..strategy import ALLOCATORS, FUSIONS, LOGITS_MODES, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
+from ..strategy import (
+    ALLOCATORS,
+    FUSIONS,
+    LOGITS_MODES,
+    PDL_TRIGGERS,
+    PDL_WAITS,
+    STREAM_MODES,
+    SYNC_MODES,
+    WORKBENCH_FUSIONS,
+    Strategy,
+)
 from ..verify import RaceReport
 from .session import Entry, LabSession, RunSettings
 from .timeline import timeline, timeline_widget
@@ -90,6 +102,10 @@ class ControlPanel:
                                        layout=wide)
         # -- backend -----------------------------------------------------------------------
         offered = available_backends()
+        if backend is not None and backend not in offered:
+            raise ValueError(f"backend {backend!r} is not offered here ({', '.join(offered)}): cuda needs a GPU with "
+                             f"CuPy, llamacpp a build named by ${LLAMACPP_BUILD_ENV} (benchmarks/llamacpp_gpu_run.sh "
+                             "builds one on a GPU machine; python -m workbench.llamacpp.build makes a CPU one)")
         self.backend = W.Dropdown(options=offered, value=backend or offered[0], description="backend",
                                   style=style, layout=wide)
         self.gpu = W.Dropdown(options=known_gpus(), value=gpu or default_gpu(present_gpu_name())[0],
@@ -269,9 +285,12 @@ class ControlPanel:
             self.show(entry)
             self.progress.value = self.progress.max
             self.progress.bar_style = "success"
-            notes = sorted({str(w.message) for w in caught} | set(entry.run.meta.get("notes", ())))
+            notes = sorted({str(w.message) for w in caught} | set(entry.run.meta.get("notes", ()))
+                           | set(entry.run.meta.get("switch_notes", ())))
+            switches = entry.run.meta.get("switches_text")
             self.last_error = None
             self._show_status(f"run #{entry.n} done in {entry.seconds:.2f} s on {html.escape(entry.run.device)}"
+                              + (f" · llama.cpp switches <code>{html.escape(switches)}</code>" if switches else "")
                               + "".join(f"<br>⚠ {html.escape(n)}" for n in notes))
             return entry
         except Exception as e:  # noqa: BLE001 - the panel must survive any failure and show it
@@ -353,7 +372,7 @@ class ControlPanel:
             return
         s = e.run.stats
         sp = self.speedup(e)
-        verdict = _verdict(e.races)
+        verdict = _verdict(e.races, e.backend)
         self.summary.value = (
             f"<div style='font-size:14px'><b>{html.escape(e.label)}</b> · {s['us_per_token']:,.1f} µs/token · "
             f"{s['tokens_per_s']:,.1f} tokens/s · <b>{sp:.3f}x</b> vs baseline "
@@ -363,7 +382,7 @@ class ControlPanel:
                "launches/token": "{:,.1f}", "syncs/token": "{:,.1f}", "GPU busy": "{:.1%}",
                "memory MiB": "{:,.1f}", "speedup": "{:.3f}x"}
         self.stats_html.value = table.style.format(fmt, na_rep="-").hide(axis="index").to_html()
-        self.races_html.value = _race_html(e.races)
+        self.races_html.value = _race_html(e.races, e.backend)
         self._quiet += 1
         try:
             self.history_select.options = [(x.label + f" · {x.us_per_token:,.1f} µs/token", x.n)
@@ -412,14 +431,18 @@ class ControlPanel:
             b.on_click(lambda _, fmt=fmt: self.request_export(fmt))
         self.history_select.observe(self._on_select, names="value")
 
-    def _on_knob(self, _change: dict) -> None:
+    def _on_knob(self, change: dict) -> None:
         if self._quiet:
             return
+        reset = ""
+        if change.get("owner") is self.backend and change.get("new") == "llamacpp":
+            reset = self._to_llamacpp_knobs()
         self._sync_enabled()
         if self.auto.value:
             self.request_run()
-        elif self.shown is not None:
-            self._show_status("knobs changed: press Run (the shown run is unchanged)")
+        elif self.shown is not None or reset:
+            self._show_status(reset + ("; " if reset else "") + "knobs changed: press Run"
+                              + (" (the shown run is unchanged)" if self.shown is not None else ""))
 
     def _on_select(self, change: dict) -> None:
         if self._quiet or change["new"] is None:
@@ -435,6 +458,31 @@ class ControlPanel:
             self.family_wait[f].disabled = self.family_trigger[f].disabled = not on
         self.max_streams.disabled = self.streams.value == "single"
         self.gpu.disabled = self.host.disabled = self.backend.value != "sim"
+        for w in self._no_llamacpp_switch():  # knobs llama.cpp has no switch for (llamacpp.switches)
+            w.disabled = self.backend.value == "llamacpp" or w.disabled
+
+    def _no_llamacpp_switch(self) -> list[W.Widget]:
+        return [self.allocator, self.logits, self.max_streams, self.pdl_wait, self.pdl_trigger,
+                *self.family_wait.values(), *self.family_trigger.values(),
+                *(self.fusion[f] for f in WORKBENCH_FUSIONS)]
+
+    def _to_llamacpp_knobs(self) -> str:
+        """Set the knobs llama.cpp has no switch for to what llama.cpp does (its allocator, PDL
+        placement and logits copy; none of the workbench's own fusions); what changed, in words."""
+        try:
+            s = self.strategy()
+        except ValueError:
+            return ""  # an impossible combination: the run will say so
+        default = Strategy()
+        t = s.with_(allocator=default.allocator, logits=default.logits, pdl_wait=default.pdl_wait,
+                    pdl_trigger=default.pdl_trigger, pdl_families=(), fusion=s.fusion - frozenset(WORKBENCH_FUSIONS),
+                    streams="qkv" if s.streams == "auto" else s.streams)
+        changed = [k for k in ("allocator", "logits", "pdl_wait", "pdl_trigger", "pdl_families", "fusion", "streams")
+                   if getattr(s, k) != getattr(t, k)]
+        if not changed:
+            return ""
+        self.set_strategy(t)
+        return "llama.cpp has no switch for " + ", ".join(changed) + ": set to what llama.cpp does"
 
     def _show_status(self, text: str) -> None:
         self.status.value = f"<span style='font-size:13px'>{text}</span>"
@@ -470,8 +518,10 @@ class ControlPanel:
 
 
 def available_backends() -> list[str]:
-    """Backends the panel offers: ``cuda`` first where a GPU is present, ``sim`` always."""
-    return ["cuda", "sim"] if get_backend("cuda").available()[0] else ["sim"]
+    """Backends the panel offers: ``cuda`` first where a GPU is present, ``llamacpp`` where
+    ``$WORKBENCH_LLAMACPP`` names a build, ``sim`` always."""
+    return ([*(["cuda"] if get_backend("cuda").available()[0] else []),
+             *(["llamacpp"] if get_backend("llamacpp").configured() else []), "sim"])
 
 
 def run_session(session: LabSession, settings: RunSettings, strategy: Strategy, cfg: ModelConfig,
@@ -480,18 +530,22 @@ def run_session(session: LabSession, settings: RunSettings, strategy: Strategy, 
     return session.run(settings, strategy, race_check=race_check, progress=progress, config=cfg)
 
 
-def _verdict(report: RaceReport | None) -> str:
+#: why a llama.cpp run has no race verdict
+OWN_GRAPH = "race check n/a: llama.cpp schedules its own graph (the checker proves the workbench's Plans)"
+
+
+def _verdict(report: RaceReport | None, backend: str = "") -> str:
     if report is None:
-        return "race check off"
+        return OWN_GRAPH if backend == "llamacpp" else "race check off"
     if report.race_free:
         return f"<span style='color:#1a7f37'>race-free</span> ({report.checked_pairs:,} conflicting pairs ordered)"
     causes = ", ".join(f"{c} {n}" for c, n in sorted(report.by_cause().items()))
     return f"<span style='color:#b00020'><b>{len(report.races)} race(s)</b></span> ({html.escape(causes)})"
 
 
-def _race_html(report: RaceReport | None) -> str:
+def _race_html(report: RaceReport | None, backend: str = "") -> str:
     if report is None:
-        return "<p>race check is off for this run</p>"
+        return f"<p>{OWN_GRAPH if backend == 'llamacpp' else 'race check is off for this run'}</p>"
     return f"<p>{_verdict(report)}</p><pre style='font-size:11px'>{html.escape(report.text(limit=10))}</pre>"
 
 

@@ -17,7 +17,7 @@ from typing import Any
 import pandas as pd
 
 from ..api import run as run_workbench
-from ..exec.backend import Progress
+from ..exec.backend import Progress, get_backend
 from ..exec.run import Run
 from ..models import ModelConfig
 from ..strategy import Strategy
@@ -41,6 +41,8 @@ class RunSettings:
     def backend_options(self) -> dict[str, Any]:
         if self.backend == "sim":
             return {"gpu": self.gpu, "host": self.host}
+        if self.backend == "llamacpp":  # a lab run is timed and traced: tiled weights, no logits pass
+            return {"fill": "tiled", "logits": False}
         return {}
 
 
@@ -84,13 +86,14 @@ class LabSession:
         races, and add it to the history (the first run becomes the baseline)."""
         t0 = time.perf_counter()
         model = config if config is not None else settings.model
+        backend = get_backend(settings.backend)
         r = run_workbench(model, strategy, tokens=settings.tokens, backend=settings.backend,
                           layers=None if config is not None else settings.layers,
                           context=None if config is not None else settings.context, start_pos=settings.position,
-                          seed=settings.seed, trace=True, progress=progress, quiet=True,
-                          **settings.backend_options())
+                          seed=settings.seed, trace=getattr(backend, "can_trace", lambda: True)(),
+                          progress=progress, quiet=True, **settings.backend_options())
         races = None
-        if race_check and r.plan is not None:
+        if race_check and r.plan is not None and not getattr(backend, "schedules_own_graph", False):
             if progress is not None:
                 progress("race check", 0, 1)
             races = verify(r.plan, tokens=2)
