@@ -392,3 +392,55 @@ def test_first_read_placement_prefetches_weights_only(tmp_path):
             before, after = fused[name].split("griddepcontrol.wait")
             assert "ld.global.nc.L1::no_allocate.v4.u32" in before, name
             assert "ld.volatile" not in before and "ld.global.f32" in after, name
+
+
+def test_prefetch_compiles_missing_modules_side_by_side(monkeypatch):
+    """``ModuleCache.prefetch`` compiles each missing (source, wait, trigger) module once, on
+    threads that overlap, keeps what is compiled, and a compile error reaches the caller."""
+    import sys
+    import threading
+    import time
+    import types
+
+    from workbench.exec.kernels import ModuleCache
+
+    active, peak, compiled = [0], [0], []
+    lock = threading.Lock()
+
+    class RawModule:
+        def __init__(self, code, options):
+            self.options = options
+
+        def compile(self):
+            with lock:
+                active[0] += 1
+                peak[0] = max(peak[0], active[0])
+            time.sleep(0.05)
+            with lock:
+                active[0] -= 1
+                compiled.append(self.options)
+            if "-DPDL_WAIT_AT=PDL_AT_late" in self.options:
+                raise RuntimeError("nvrtc: error")
+
+    class Device:
+        id = 0
+
+        def __init__(self, i=0):
+            pass
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *a):
+            return False
+
+    fake = types.SimpleNamespace(RawModule=RawModule, cuda=types.SimpleNamespace(Device=Device))
+    monkeypatch.setitem(sys.modules, "cupy", fake)
+    mc = ModuleCache((9, 0))
+    keys = {(s, "first-read", "start") for s in ("norm", "rope", "mul_mat", "attn")}
+    mc.prefetch(keys)
+    assert mc.compiled == 4 and len(compiled) == 4 and peak[0] > 1
+    mc.prefetch(keys | {("elementwise", "none", "none")})  # one left: compiled on first lookup instead
+    assert mc.compiled == 4 and len(compiled) == 4
+    with pytest.raises(RuntimeError, match="nvrtc"):
+        mc.prefetch({("norm", "late", "end"), ("rope", "late", "end")})
