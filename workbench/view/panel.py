@@ -39,19 +39,10 @@ from ..exec.calibration import default_gpu, known_gpus, load_calibration
 from ..exec.cuda_backend import present_gpu_name
 from ..exec.llamacpp import BUILD_ENV as LLAMACPP_BUILD_ENV
 from ..graph import KERNEL_FAMILIES
+from ..llamacpp.switches import LLAMACPP_FUSION
 from ..models import ModelConfig, load_config
 from ..models.presets import PRESETS
-from ..strategy import (
-    ALLOCATORS,
-    FUSIONS,
-    LOGITS_MODES,
-    PDL_TRIGGERS,
-    PDL_WAITS,
-    STREAM_MODES,
-    SYNC_MODES,
-    WORKBENCH_FUSIONS,
-    Strategy,
-)
+from ..strategy import ALLOCATORS, FUSIONS, LOGITS_MODES, PDL_TRIGGERS, PDL_WAITS, STREAM_MODES, SYNC_MODES, Strategy
 from ..verify import RaceReport
 from .session import Entry, LabSession, RunSettings
 from .timeline import timeline, timeline_widget
@@ -464,7 +455,7 @@ class ControlPanel:
     def _no_llamacpp_switch(self) -> list[W.Widget]:
         return [self.allocator, self.logits, self.max_streams, self.pdl_wait, self.pdl_trigger,
                 *self.family_wait.values(), *self.family_trigger.values(),
-                *(self.fusion[f] for f in WORKBENCH_FUSIONS)]
+                *(box for f, box in self.fusion.items() if f not in LLAMACPP_FUSION)]
 
     def _to_llamacpp_knobs(self) -> str:
         """Set the knobs llama.cpp has no switch for to what llama.cpp does (its allocator, PDL
@@ -475,7 +466,7 @@ class ControlPanel:
             return ""  # an impossible combination: the run will say so
         default = Strategy()
         t = s.with_(allocator=default.allocator, logits=default.logits, pdl_wait=default.pdl_wait,
-                    pdl_trigger=default.pdl_trigger, pdl_families=(), fusion=s.fusion - frozenset(WORKBENCH_FUSIONS),
+                    pdl_trigger=default.pdl_trigger, pdl_families=(), fusion=s.fusion & LLAMACPP_FUSION,
                     streams="qkv" if s.streams == "auto" else s.streams)
         changed = [k for k in ("allocator", "logits", "pdl_wait", "pdl_trigger", "pdl_families", "fusion", "streams")
                    if getattr(s, k) != getattr(t, k)]
