@@ -134,14 +134,16 @@ def predict(rows: pd.DataFrame | Mapping[str, Any], cal) -> pd.DataFrame:
     # recorded when the matrix was measured
     held = {fam: h for _, fam, h in MODELS}
     df["held_out"] = df["family"].map(held).fillna(True).astype(bool)
-    pred = []
+    pred, kernels = [], []
     for r in df.itertuples():
         spec = ModelSpec(r.model, None if pd.isna(r.layers) else int(r.layers),
                          None if pd.isna(r.context) else int(r.context), int(r.pos))
         run = workbench.run(spec.config(), STRATEGIES[r.strategy], tokens=int(r.tokens), backend="sim",
                             start_pos=spec.pos, calibration=cal)
         pred.append(run.stats["us_per_token"])
+        kernels.append(run.stats["kernels_per_token"])
     df["predicted_us"] = pred
+    df["kernels_per_token"] = kernels
     df["error_pct"] = 100 * (df["predicted_us"] / df["us_per_token"] - 1)
     return df
 
@@ -163,6 +165,29 @@ def knob_table(df: pd.DataFrame, knobs: dict[str, tuple[str, str]] = KNOBS) -> p
             if "leases" in by.columns:  # both cells from one machine lease: no lease-to-lease drift in the effect
                 row["same_lease"] = by.at[a, "leases"] == by.at[b, "leases"] and "," not in str(by.at[a, "leases"])
             rows.append(row)
+    return pd.DataFrame(rows)
+
+
+#: the knobs that change no kernel, only when each one may start: their effect per kernel
+PDL_KNOBS = ("pdl", "pdl, signal at start (fused)", "pdl, signal after main loop (fused)")
+
+
+def per_kernel_table(df: pd.DataFrame, knobs: tuple[str, ...] = PDL_KNOBS) -> pd.DataFrame:
+    """What a PDL knob saves per kernel launched (ns), measured and predicted: the knob keeps the
+    kernel list, so the step's saving over its kernel count is the gap the early launch hides,
+    and a miss reads as the simulator's hidden gap being too short or too long."""
+    rows = []
+    for (label, held), g in df.groupby(["label", "held_out"], sort=False):
+        by = g.set_index("strategy")
+        for knob in knobs:
+            a, b = KNOBS[knob]
+            if a not in by.index or b not in by.index:
+                continue
+            n = float(by.at[a, "kernels_per_token"])
+            m = 1e3 * (by.at[a, "us_per_token"] - by.at[b, "us_per_token"]) / n
+            p = 1e3 * (by.at[a, "predicted_us"] - by.at[b, "predicted_us"]) / n
+            rows.append({"model": label, "held_out": held, "knob": knob, "kernels_per_token": n,
+                         "measured_ns_per_kernel": m, "predicted_ns_per_kernel": p, "diff_ns": p - m})
     return pd.DataFrame(rows)
 
 
@@ -276,6 +301,13 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
                  _md(d, ["label", "strategy", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct"]),
                  f"\n## {name}: knob speedups (%)\n\n",
                  _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp"])]
+    pk = per_kernel_table(df)
+    if not pk.empty:
+        text += ["\n## PDL knobs per kernel (ns)\n\n",
+                 "A PDL knob keeps the kernel list and changes only when each kernel may start, so its saving "
+                 "over the kernels launched per token is the gap an early launch hides (`per_kernel_table`; "
+                 "kernels per token from the simulator's Plan of the knob's `from` strategy):\n\n",
+                 _md(pk, list(pk.columns), digits=0)]
     bench_md = ROOT / "data" / "bench" / f"kernels_{gpu}.md"
     kc = kernel_check(cal, bench_md) if bench_md.exists() else pd.DataFrame()
     if not kc.empty:

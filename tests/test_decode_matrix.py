@@ -238,3 +238,18 @@ def test_fidelity_kernel_check_matches_the_bound_kernel(bench, tmp_path) -> None
                                    ((ModelSpec("llama-3.2-1b", 2, 512, 448), "llama", False),))
     assert kc[["node", "kernel", "measured_us"]].values.tolist() == [["Qcur-0", "k_mul_mat_vec_f16", 5.55]]
     assert kc["simulated_us"].iloc[0] > 0
+
+
+def test_pdl_per_kernel_is_the_saving_over_the_kernel_count(bench) -> None:
+    """The per-kernel view of a PDL knob: (from - to) us over the from-Plan's kernels, in ns."""
+    import pandas as pd
+
+    sim_fidelity = bench[2]
+    df = pd.DataFrame({"label": ["m"] * 2, "held_out": [False] * 2, "strategy": ["graphs", "graphs+pdl"],
+                       "us_per_token": [1000.0, 900.0], "predicted_us": [1000.0, 950.0],
+                       "kernels_per_token": [200.0, 200.0]})
+    t = sim_fidelity.per_kernel_table(df)
+    assert list(t["knob"]) == ["pdl"]
+    row = t.iloc[0]
+    assert row["measured_ns_per_kernel"] == pytest.approx(500.0)
+    assert row["predicted_ns_per_kernel"] == pytest.approx(250.0) and row["diff_ns"] == pytest.approx(-250.0)
