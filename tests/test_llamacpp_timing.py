@@ -179,17 +179,25 @@ def llama_bench_exe(llamacpp_lib) -> str:
 def test_backend_and_llama_bench_agree_on_cpu(llama_bench_exe, tmp_path, monkeypatch):
     """Same build, GGUF, threads, depth and tokens: the backend's us/token within a loose bound
     of llama-bench's (the GPU acceptance is 3 %; on a quiet CPU this tiny model agrees within
-    3 % too, but a shared CI CPU is noisy, so the bound here is 40 % on the median of three
-    back-to-back pairs' ratios)."""
-    assert 0.6 < np.median(backend_over_llama_bench(llama_bench_exe, "llama-tiny", threads=1,
-                                                    gpu_layers=0, monkeypatch=monkeypatch, tmp=tmp_path)) < 1.4
+    3 % too). A shared 2-core CI CPU only ever adds time, in bursts that hit one side of a pair
+    (pair ratios of 1.05, 1.45 and 2.76 in one CI run), so the statistic here is each side's
+    fastest repetition over all pairs, and the bound 40 %."""
+    pairs = backend_and_llama_bench(llama_bench_exe, "llama-tiny", threads=1, gpu_layers=0,
+                                    monkeypatch=monkeypatch, tmp=tmp_path)
+    ours, theirs = (min(min(p[i]) for p in pairs) for i in (0, 1))
+    assert 0.6 < ours / theirs < 1.4, pairs
 
 
-def backend_over_llama_bench(exe: str, model: str, *, threads: int, gpu_layers: int, monkeypatch, tmp,
-                             pairs: int = 3, n: int = 32, depth: int = 64, reps: int = 5, layers=None,
-                             strategy=None) -> list[float]:
-    """Per back-to-back pair (backend, then llama-bench on the same tiled GGUF), the backend's
-    median us/token over llama-bench's (also used by tests/gpu/test_llamacpp.py)."""
+def pair_ratios(pairs: list[tuple[list[float], list[float]]]) -> list[float]:
+    """Per back-to-back pair, the backend's median us/token over llama-bench's."""
+    return [float(np.median(ours) / np.median(theirs)) for ours, theirs in pairs]
+
+
+def backend_and_llama_bench(exe: str, model: str, *, threads: int, gpu_layers: int, monkeypatch, tmp,
+                            pairs: int = 3, n: int = 32, depth: int = 64, reps: int = 5, layers=None,
+                            strategy=None) -> list[tuple[list[float], list[float]]]:
+    """Per back-to-back pair (backend, then llama-bench on the same tiled GGUF), each side's
+    us/token per repetition (also used by tests/gpu/test_llamacpp.py)."""
     from pathlib import Path
 
     import workbench
@@ -207,14 +215,14 @@ def backend_over_llama_bench(exe: str, model: str, *, threads: int, gpu_layers: 
     cfg = load_config(str(gguf), context=n + depth)
     env = switches_for(strategy, BuildInfo.of(lib), cfg.family == "gdn").env
     ids = token_ids(cfg, n, 0)
-    ratios = []
+    samples = []
     for _ in range(pairs):  # A B A B ...
         r = workbench.run(cfg, strategy, tokens=ids, backend="llamacpp", start_pos=depth, build=lib, reps=reps,
                           threads=threads, gpu_layers=gpu_layers, logits=False, quiet=True)
         theirs, _ = run_llama_bench(exe, gguf, tokens=n, depth=depth, reps=reps, threads=threads, env=env,
                                     gpu_layers=gpu_layers, timeout_s=300)
-        ratios.append(float(np.median([x / n for x in r.meta["rep_us"]]) / np.median(theirs)))
-    return ratios
+        samples.append(([x / n for x in r.meta["rep_us"]], [float(x) for x in theirs]))
+    return samples
 
 
 def test_backend_fill_option_writes_a_tiled_preset_and_names_a_bad_fill(llamacpp_lib, tmp_path, monkeypatch):

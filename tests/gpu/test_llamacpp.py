@@ -105,7 +105,7 @@ def test_backend_times_as_llama_bench(cuda_build, knob, tmp_path, monkeypatch):
     """Issue 13's acceptance: the backend's us/token within 3 % of the same build's llama-bench
     (same tiled GGUF, switches, threads, depth 448 and 64 tokens; median of three back-to-back
     pairs' ratios, so the GPU's drift between pairs does not count)."""
-    from test_llamacpp_timing import backend_over_llama_bench
+    from test_llamacpp_timing import backend_and_llama_bench, pair_ratios
 
     from workbench.exec.llamacpp import physical_cores
     from workbench.llamacpp.build import llama_bench
@@ -113,8 +113,8 @@ def test_backend_times_as_llama_bench(cuda_build, knob, tmp_path, monkeypatch):
     exe = llama_bench(cuda_build)
     if exe is None:
         pytest.skip(f"no llama-bench beside {cuda_build} (benchmarks/llamacpp_gpu_run.sh builds it)")
-    ratios = backend_over_llama_bench(str(exe), "llama-3.2-1b", threads=physical_cores(), gpu_layers=99,
-                                      monkeypatch=monkeypatch, tmp=tmp_path, n=64, depth=448, layers=4,
-                                      strategy=KNOBS[knob])
+    ratios = pair_ratios(backend_and_llama_bench(str(exe), "llama-3.2-1b", threads=physical_cores(),
+                                                 gpu_layers=99, monkeypatch=monkeypatch, tmp=tmp_path, n=64,
+                                                 depth=448, layers=4, strategy=KNOBS[knob]))
     print(f"\n{knob}: backend / llama-bench per pair: {', '.join(f'{r:.3f}' for r in ratios)}")
     assert abs(np.median(ratios) - 1) <= 0.03, ratios
