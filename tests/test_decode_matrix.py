@@ -110,6 +110,8 @@ def test_reports_read_a_simulated_stage_file(bench, tmp_path) -> None:
     fid = sim_fidelity.report(path, None, "h200", tmp_path / "fid")
     assert len(fid["rows"]) == len(sim_fidelity.STRATEGIES) - 1  # copy-elim: qwen3-next only
     assert fid["rows"]["error_pct"].abs().max() < 1e-9 and fid["knobs"]["diff_pp"].abs().max() < 1e-9
+    assert fid["knobs"]["pass"].all()
+    assert "the simulator meets it" in (tmp_path / "fid" / "sim_fidelity_h200.md").read_text()
     ek = eager_knobs.report(path, tmp_path / "ek")
     assert set(ek["knob"]) == set(eager_knobs.KNOBS) and ek["diff_pp"].abs().max() < 1e-9
 
@@ -189,6 +191,20 @@ def test_cold_run_left_out_of_files_without_the_settle_run(tmp_path) -> None:
         else:
             assert got == [[102.0, 100.0, 104.0], [90.0, 80.0, 95.0], [50.0, 40.0, 60.0]]
         assert df["runs_us"].map(len).tolist() == [3, 3, 3]
+
+
+def test_judge_marks_passes_and_misses_inside_the_measured_spread(bench) -> None:
+    import pandas as pd
+
+    sim_fidelity = bench[2]
+    df = pd.DataFrame({"error_pct": [3.0, -10.5]})
+    kn = pd.DataFrame({"measured_pct": [10.0, 10.0, 10.0], "measured_lo": [9.0, 5.0, 9.0],
+                       "measured_hi": [11.0, 15.0, 11.0], "predicted_pct": [11.5, 13.0, 13.0]})
+    kn["diff_pp"] = kn["predicted_pct"] - kn["measured_pct"]
+    verdict = sim_fidelity.judge(df, kn)
+    assert list(df["pass"]) == [True, False] and list(kn["pass"]) == [True, False, False]
+    assert list(kn["in_spread"]) == [False, True, False]
+    assert "does NOT meet it: 1 of 2 cells and 1 of 3 knob effects pass (1 of the 2 knob misses" in verdict
 
 
 def test_fidelity_predict_takes_the_older_json(bench) -> None:
