@@ -162,7 +162,8 @@ def judge(df: pd.DataFrame, kn: pd.DataFrame) -> str:
     kn["in_spread"] = (kn["predicted_pct"] >= kn["measured_lo"]) & (kn["predicted_pct"] <= kn["measured_hi"])
     ok_cells, ok_knobs = int(df["pass"].sum()), int(kn["pass"].sum())
     verdict = "meets" if ok_cells == len(df) and ok_knobs == len(kn) else "does NOT meet"
-    return ("**Acceptance** (every cell within 10 % us/token, every knob effect within 2 points, held-out "
+    return (f"**Acceptance** (every cell within {CELL_BOUND_PCT:g} % us/token, every knob effect within "
+            f"{KNOB_BOUND_PP:g} points, held-out "
             f"family included): the simulator {verdict} it: {ok_cells} of {len(df)} cells and {ok_knobs} of "
             f"{len(kn)} knob effects pass ({int((~kn['pass'] & kn['in_spread']).sum())} of the "
             f"{int((~kn['pass']).sum())} knob misses lie inside the measured effect's spread, `in_spread`).")
