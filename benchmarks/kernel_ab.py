@@ -65,7 +65,8 @@ def measure(kernel_dir: str | None, model: str, weight_dtype: str, runs: int) ->
 
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--rev", default="HEAD", help="git revision of the A side's kernels (B: the working tree)")
+    p.add_argument("--rev", default="HEAD", help="git revision of the A side's kernels (B: the working tree), "
+                   "or a folder holding them (a copy of the tree without .git, as on the GPU machine)")
     p.add_argument("--model", default="llama-3.2-1b", help="preset[:layers]")
     p.add_argument("--weight-dtype", default="q4_0")
     p.add_argument("--rounds", type=int, default=2)
@@ -81,7 +82,8 @@ def main() -> int:
         return 0
     Path(args.out).parent.mkdir(parents=True, exist_ok=True)
     with tempfile.TemporaryDirectory() as tmp:
-        sides = {f"A {args.rev}": str(export_kernels(args.rev, Path(tmp))), "B tree": ""}
+        a_dir = args.rev if Path(args.rev).is_dir() else str(export_kernels(args.rev, Path(tmp)))
+        sides = {f"A {args.rev}": a_dir, "B tree": ""}
         for _ in range(args.rounds):
             for side, kdir in sides.items():
                 common = ["--model", args.model, "--weight-dtype", args.weight_dtype, "--runs", str(args.runs)]

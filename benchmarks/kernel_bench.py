@@ -56,6 +56,9 @@ from workbench.strategy.knobs import parse_fusions  # noqa: E402
 
 MODELS = ("llama-3.2-1b", "llama-3.1-8b", "qwen3-30b-a3b", "gpt-oss-20b")
 OPS = ("MUL_MAT", "MUL_MAT_ID", "FLASH_ATTN_EXT")
+#: timed only when named in ``--ops`` (one kernel each, no selection constants): the MoE router
+#: (after ``--fusions topk-moe``) and Qwen3-Next's delta rule
+SINGLE_KERNEL_OPS = ("TOPK_MOE", "GATED_DELTA_NET")
 N_KV = 512
 TOL = 5e-3
 SEG = {"MMV_SEG_K_MAX": 1 << 16}
@@ -68,6 +71,7 @@ VARIANTS: dict[str, dict[str, dict[str, object]]] = {
                    "seg8": {**SEG, "MMV_SEG_LANES": 8}},
     "FLASH_ATTN_EXT": {"default": {}, "ticket": {"FA_CLUSTER_MAX": 0}, "gqa": {"FA_VARIANT": "gqa"},
                        "cw8": {"FAV_CLUSTER_WARPS": 8}, "cw16": {"FAV_CLUSTER_WARPS": 16}},
+    **{op: {"default": {}} for op in SINGLE_KERNEL_OPS},
 }
 
 
@@ -100,7 +104,8 @@ def bench_nodes(name: str, fusions: frozenset[str] = frozenset(), ops: tuple[str
     graph, _ = apply_fusions(build_graph(preset(name, layers=1, context=n_kv), n_kv), fusions)
     seen, out = set(), []
     for n in graph.nodes:
-        if n.op not in OPS and n.op not in FUSED_MAT_VECS or (ops and n.op not in ops):
+        timed = (*OPS, *FUSED_MAT_VECS, *(o for o in SINGLE_KERNEL_OPS if o in ops))
+        if n.op not in timed or (ops and n.op not in ops):
             continue
         key = (n.op, tuple((v.shape, v.strides, v.dtype) for v in n.srcs))
         if key not in seen:
@@ -222,6 +227,8 @@ def shape_of(node: Node) -> str:
     if node.op == "FLASH_ATTN_EXT":
         q, k = node.srcs[0], node.srcs[1]
         return f"H={q.shape[-2]} Hkv={k.shape[1]} D={q.shape[-1]} kv={k.shape[0]}"
+    if node.op == "GATED_DELTA_NET":
+        return f"state {list(node.srcs[5].shape)}"
     if node.op == "MUL_MAT_ID":
         return f"{node.srcs[2].numel}x[{w.shape[1]}, {w.shape[2]}] of {w.shape[0]}"
     return f"[{w.numel // w.shape[-1]}, {w.shape[-1]}]"

@@ -148,22 +148,16 @@ __device__ __forceinline__ void topk_moe_reg(TV w, TV ids, TV x, int k, int soft
     __shared__ float chosen[64];
     __shared__ int chosen_id[64];
     const int n = x.n[3], lane = threadIdx.x & 31;
+    const float* xf = (const float*)x.p;  // contiguous f32 logits (every router; the binding checks)
     float v[PER];
-    // contiguous f32 logits (every router): plain loads in one basic block, all in flight at once
-    const bool flat = x.dt == DT_F32 && x.s[3] == 4;
+    unsigned gone = 0u;  // bit u: entry lane + 32 u is past the row or chosen already
+#pragma unroll
+    for (int u = 0; u < PER; ++u) gone |= (lane + 32 * u < n ? 0u : 1u) << u;
     PDL_WAIT(first_read);
-    const float first = lane < n ? ldf_v(x.p + (i64)lane * x.s[3], x.dt) : -WB_INF;
+    v[0] = lane < n ? *(const WB_FIRST_READ float*)(xf + lane) : -WB_INF;
     PDL_WAIT(late);
-    if (flat) {
-        const float* xf = (const float*)x.p;
 #pragma unroll
-        for (int u = 1; u < PER; ++u) v[u] = lane + 32 * u < n ? xf[lane + 32 * u] : -WB_INF;
-    } else {
-#pragma unroll
-        for (int u = 1; u < PER; ++u)
-            v[u] = lane + 32 * u < n ? ldf(x.p + (i64)(lane + 32 * u) * x.s[3], x.dt) : -WB_INF;
-    }
-    v[0] = first;
+    for (int u = 1; u < PER; ++u) v[u] = (gone >> u) & 1u ? -WB_INF : xf[lane + 32 * u];
     float m = -WB_INF;
 #pragma unroll
     for (int u = 0; u < PER; ++u) m = fmaxf(m, v[u]);
@@ -173,30 +167,44 @@ __device__ __forceinline__ void topk_moe_reg(TV w, TV ids, TV x, int k, int soft
         float s = 0.0f;
 #pragma unroll
         for (int u = 0; u < PER; ++u) {
-            v[u] = lane + 32 * u < n ? expf(v[u] - m) : 0.0f;
+            v[u] = (gone >> u) & 1u ? 0.0f : expf(v[u] - m);
             s += v[u];
         }
-        s = warp_sum(s);
+        const float inv = 1.0f / warp_sum(s);  // one division (llama.cpp's inv_sum), not PER
 #pragma unroll
-        for (int u = 0; u < PER; ++u) v[u] = v[u] / s;
+        for (int u = 0; u < PER; ++u) v[u] *= inv;
     }
-    unsigned taken = 0u;
     for (int r = 0; r < k; ++r) {
-        float bv = -WB_INF;
-        int bi = -1;
+        // the lane's best untaken entry: a tree over its slots (depth log2 PER, not a chain of
+        // PER compares: one warp runs alone, so each dependent step costs its full latency); the
+        // left operand always holds the lower indices, so a tie keeps it (NumPy's stable order)
+        float bv[PER];
+        int bi[PER];
 #pragma unroll
         for (int u = 0; u < PER; ++u) {
-            const int j = lane + 32 * u;
-            if (j < n && !((taken >> u) & 1u) && better(v[u], j, bv, bi)) { bv = v[u]; bi = j; }
+            bv[u] = v[u];
+            bi[u] = (gone >> u) & 1u ? -1 : lane + 32 * u;
         }
 #pragma unroll
-        for (int o = 16; o > 0; o >>= 1) {
-            const float ov = __shfl_xor_sync(0xffffffffu, bv, o);
-            const int oi = __shfl_xor_sync(0xffffffffu, bi, o);
-            if (better(ov, oi, bv, bi)) { bv = ov; bi = oi; }
+        for (int span = 1; span < PER; span *= 2) {
+#pragma unroll
+            for (int u = 0; u + span < PER; u += 2 * span) {
+                if (bi[u + span] >= 0 && (bi[u] < 0 || bv[u + span] > bv[u])) {
+                    bv[u] = bv[u + span];
+                    bi[u] = bi[u + span];
+                }
+            }
         }
-        if (bi >= 0 && lane == (bi & 31)) taken |= 1u << (bi >> 5);
-        if (lane == 0) { chosen[r] = bv; chosen_id[r] = bi; }
+        float best = bv[0];
+        int at = bi[0];
+#pragma unroll
+        for (int o = 16; o > 0; o >>= 1) {
+            const float ov = __shfl_xor_sync(0xffffffffu, best, o);
+            const int oi = __shfl_xor_sync(0xffffffffu, at, o);
+            if (better(ov, oi, best, at)) { best = ov; at = oi; }
+        }
+        if (at >= 0 && lane == (at & 31)) gone |= 1u << (at >> 5);
+        if (lane == 0) { chosen[r] = best; chosen_id[r] = at; }
     }
     __syncwarp();
     topk_moe_finish(w, ids, chosen, chosen_id, k, softmax_first, norm);

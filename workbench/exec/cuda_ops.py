@@ -318,7 +318,8 @@ def _topk_moe(node: Node, addr: Addr, _: Workspace) -> KernelCall:
                         f"logits, got {x.shape} -> {w.shape}, {ids.shape}")
     args = (arg(w, addr), arg(ids, addr), arg(x, addr), i32(k), i32(node.params["gating"] == "softmax"),
             i32(bool(node.params["norm"])))
-    name = next((k for top, k in TOPK_REG_KERNELS if n <= top), "k_topk_moe_wide")
+    reg = x.dtype == "f32" and x.strides[-1] == 4  # the register kernels read the logits as plain floats
+    name = next((k for top, k in TOPK_REG_KERNELS if n <= top and reg), "k_topk_moe_wide")
     return KernelCall("topk", name, (1,), (32,), args, None, node.outs)
 
 
@@ -827,11 +828,17 @@ def _gdn(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     q, k, v, g, beta, state = node.srcs
     out, new_state = node.outs
     H, DK, DV = state.shape
-    if DK > 256:
-        raise BindError(f"{node.name}: key head dim {DK} exceeds 256")
+    if DK > GDN_MAXK or state.dtype != "f32" or new_state.dtype != "f32":
+        raise BindError(f"{node.name}: k_gated_delta_net takes an f32 state of key head dim <= {GDN_MAXK}, got "
+                        f"{state.dtype} {state.shape} -> {new_state.dtype}")
     args = (arg(out, addr), arg(new_state, addr), arg(q, addr), arg(k, addr), arg(v, addr), arg(g, addr),
             arg(beta, addr), arg(state, addr), f32(node.params["scale"]))
-    return KernelCall("gdn", "k_gated_delta_net", (H, ceil(DV / 32)), (128,), args, None, node.outs)
+    return KernelCall("gdn", "k_gated_delta_net", (H, ceil(DV / 32)), (32 * ceil(DK / GDN_MAXR),), args, None,
+                      node.outs)
+
+
+#: kernels/gdn.cu: the key head dim at most, and the state rows a thread holds in registers
+GDN_MAXK, GDN_MAXR = 256, 32
 
 
 def _quantized(node: Node, addr: Addr, workspace: Workspace) -> KernelCall:
