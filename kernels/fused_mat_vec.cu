@@ -145,14 +145,19 @@ __device__ __forceinline__ void fmv_rows_norm(TV d, TV w, TV x, TV nw, float eps
     __shared__ f32x4 xs4[FMV_MAXK / 4];  // the staged row, 16-byte aligned (f32x4 is alignas(16))
     float* xs = (float*)xs4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    RowStream<WDT, MMV_ROWS_UNROLL> rs(w, blockIdx.x * MMV_WARPS + warp, gridDim.x * MMV_WARPS, rows_per_warp, lane);
+    const int gw = blockIdx.x * MMV_WARPS + warp, W = gridDim.x * MMV_WARPS, N = tv_rows(w);
+    RowStream<WDT, MMV_ROWS_UNROLL> rs(w, gw, W, rows_per_warp, lane);
     rs.issue_first();  // weights: independent of earlier kernels
+    __shared__ RowGroups groups;
+    const bool grouped = row_groups_ok(d, N, rows_per_warp);
+    if (grouped) row_groups_init(groups);  // stage_x's barrier publishes it
     PDL_WAIT(first_read);
     const float x0 = ldf_v(x.p, DT_F32);
     PDL_WAIT(late);
     const float scale = stage_x(x, nw, true, eps, w.n[3], x0, xs);
     rs.stream(xs, 0.0f, [&](int row, float sum) {
-        if (lane == 0) stf(d.p + tv_off(d, d.n, row), d.dt, scale * sum);
+        if (grouped) row_groups_store(groups, (float*)d.p, row, gw, W, N, warp, lane, scale * sum);
+        else if (lane == 0) stf(d.p + tv_off(d, d.n, row), d.dt, scale * sum);
     });
     PDL_TRIGGER(after_main_loop);
     PDL_TRIGGER(end);

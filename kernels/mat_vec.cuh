@@ -294,3 +294,51 @@ struct RowStream {
         }
     }
 };
+
+// The outputs a block of the row-streaming loop finishes together, stored as one write. Warp w of
+// block b owns rows b * MMV_WARPS + w + i * W, so step i of a block's warps yields MMV_WARPS
+// consecutive outputs. Each warp parks its value in shared memory; the warp that completes a step
+// writes the step's 32 bytes as two 16-byte lanes, not 8 scattered 4-byte stores. Where the
+// output is mapped host memory (--logits zero-copy) every store is a PCIe write, and a 4-byte
+// write costs a whole transaction: with one store per row, llama-3.2-1b's lm_head ran 55 us longer
+// (data/bench/kernels_s25_h200.md). Only for a flat f32 output whose steps start 16-byte
+// aligned, with at most ROW_GROUP_STEPS rows a warp; otherwise a row at a time, as before.
+#define ROW_GROUP_STEPS 64
+struct alignas(16) RowGroups {
+    float val[ROW_GROUP_STEPS][MMV_WARPS];
+    int count[ROW_GROUP_STEPS];
+};
+
+// True (uniform over the grid) where `d` takes grouped stores: contiguous f32 rows of N outputs,
+// 16-byte aligned at every step's first row.
+__device__ __forceinline__ bool row_groups_ok(const TV& d, int N, int rows_per_warp) {
+    const bool flat = d.dt == DT_F32 && d.s[3] == 4 && (d.n[2] == 1 || d.s[2] == (i64)d.n[3] * 4)
+                      && (d.n[1] == 1 || d.s[1] == (i64)d.n[2] * d.n[3] * 4)
+                      && (d.n[0] == 1 || d.s[0] == (i64)d.n[1] * d.n[2] * d.n[3] * 4);
+    return flat && rows_per_warp <= ROW_GROUP_STEPS && N % 4 == 0 && ((unsigned long long)d.p & 15) == 0;
+}
+
+// Zero the step counters (before the block's barrier that precedes its first store).
+__device__ __forceinline__ void row_groups_init(RowGroups& g) {
+    for (int t = threadIdx.x; t < ROW_GROUP_STEPS; t += blockDim.x) g.count[t] = 0;
+}
+
+// Output `row` (= gw + i * W of warp `warp`, every lane holding v) of the N rows at `out`.
+__device__ __forceinline__ void row_groups_store(RowGroups& g, float* out, int row, int gw, int W, int N, int warp,
+                                                 int lane, float v) {
+    const int i = (row - gw) / W, first = row - warp;
+    const int n = min(MMV_WARPS, N - first);  // rows of this step (fewer only in the last)
+    int c = 0;
+    if (lane == 0) {
+        g.val[i][warp] = v;
+        __threadfence_block();
+        c = atomicAdd(&g.count[i], 1);
+    }
+    if (__shfl_sync(0xffffffffu, c, 0) != n - 1) return;  // another warp completes the step
+    __threadfence_block();  // the other warps' values (their fence preceded their count)
+    if (n == MMV_WARPS) {
+        if (lane < MMV_WARPS / 4) ((f32x4*)(out + first))[lane] = ((const f32x4*)g.val[i])[lane];
+    } else if (lane < n) {
+        out[first + lane] = g.val[i][lane];
+    }
+}

@@ -88,15 +88,24 @@ __device__ __forceinline__ void mmv_rows(TV d, TV w, TV x, int rows_per_warp, TV
     PDL_WAIT(start);
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int m = blockIdx.y, N = tv_rows(w);
-    RowStream<WDT, U> rs(w, blockIdx.x * MMV_WARPS + warp, gridDim.x * MMV_WARPS, rows_per_warp, lane);
+    const int gw = blockIdx.x * MMV_WARPS + warp, W = gridDim.x * MMV_WARPS;
+    RowStream<WDT, U> rs(w, gw, W, rows_per_warp, lane);
     rs.issue_first();  // weights: independent of earlier kernels
+    __shared__ RowGroups groups;
+    const bool grouped = row_groups_ok(d, N, rows_per_warp);
+    if (grouped) {
+        row_groups_init(groups);
+        __syncthreads();
+    }
     PDL_WAIT(first_read);
     const float* xr = (const float*)(x.p + tv_row_off(x, x.n, m));
     const float x0 = ldf_v((const char*)xr, DT_F32);
     PDL_WAIT(late);
     rs.stream(xr, 0.0f * x0, [&](int row, float sum) {
         const int o = m * N + row;
-        if (lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, ADD ? sum + ldf(b.p + tv_off(b, b.n, o), b.dt) : sum);
+        const float v = ADD ? sum + ldf(b.p + tv_off(b, b.n, o), b.dt) : sum;
+        if (grouped) row_groups_store(groups, (float*)d.p + (i64)m * N, row, gw, W, N, warp, lane, v);
+        else if (lane == 0) stf(d.p + tv_off(d, d.n, o), d.dt, v);
     });
     PDL_TRIGGER(after_main_loop);
     PDL_TRIGGER(end);

@@ -201,6 +201,9 @@ CASES = {
     **{f"mma-block-{dt}": ("mul-mat-add", lambda dt=dt: _mul_mat_add(dt, 256, 2048), f"k_mul_mat_vec_{dt}_add")
        for dt in ("f16", "bf16", "f32")},
     "mma-rows-f16": ("mul-mat-add", lambda: _mul_mat_add("f16", 8192, 256), "k_mul_mat_vec_rows_f16_add"),
+    # 8196 rows: the row-streaming loop's grouped stores end on a partial step of 4 rows
+    "mma-rows-f16-partial-step": ("mul-mat-add", lambda: _mul_mat_add("f16", 8196, 256),
+                                  "k_mul_mat_vec_rows_f16_add"),
     "mma-generic": ("mul-mat-add", lambda: _mul_mat_add("f16", 96, 100), "k_mul_mat_generic_add"),
     "mma-cols": ("mul-mat-add", lambda: _mul_mat_add("f16", 96, 128, input_major=True), "k_mul_mat_cols_add"),
     **{f"glu-{dt}": ("mul-mat-glu", lambda dt=dt: _mul_mat_glu(dt, 384, 2048), f"k_mul_mat_vec_{dt}_glu")
@@ -237,6 +240,8 @@ CASES = {
        for dt in ("f16", "bf16", "f32")},
     "norm-mat-vec-k4096": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 384, 4096), "k_mul_mat_vec_f16_norm"),
     "norm-mat-vec-tall": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 8192, 256), "k_mul_mat_vec_rows_f16_norm"),
+    "norm-mat-vec-tall-partial-step": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 8196, 256),
+                                       "k_mul_mat_vec_rows_f16_norm"),
     "norm-mat-vec-glu": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 384, 2048, glu=True),
                          "k_mul_mat_vec_f16_glu_norm"),
     "norm-mat-vec-glu-tall": ("norm-mat-vec", lambda: _norm_mat_vec("bf16", 8192, 512, glu=True),
