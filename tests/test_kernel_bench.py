@@ -144,3 +144,17 @@ def test_kernel_ab_exports_a_revisions_kernels(tmp_path):
     head = subprocess.run(["git", "-C", str(ROOT), "show", "HEAD:kernels/mmvq.cu"], capture_output=True,
                           check=True).stdout
     assert (tmp_path / "mmvq.cu").read_bytes() == head
+
+
+def test_host_path_variants_markdown_matches_its_committed_run():
+    """benchmarks/host_path_variants.py: the committed table is what the script writes from the
+    committed run's JSON (ratios of medians, the largest logits difference over the variants)."""
+    import json
+
+    hp = _load("host_path_variants")
+    data = ROOT / "data" / "bench"
+    result = json.loads((data / "host_path_variants_h200.json").read_text())
+    assert hp.markdown(result) == (data / "host_path_variants_h200.md").read_text()
+    r = result["results"][1]
+    ratio = np.median(r["us"]["launch_ahead"]) / np.median(r["us"]["step"])
+    assert r["model"] == "llama-3.1-8b" and f"| {ratio:.3f} |" in hp.markdown(result)
