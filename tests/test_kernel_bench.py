@@ -158,3 +158,15 @@ def test_host_path_variants_markdown_matches_its_committed_run():
     r = result["results"][1]
     ratio = np.median(r["us"]["launch_ahead"]) / np.median(r["us"]["step"])
     assert r["model"] == "llama-3.1-8b" and f"| {ratio:.3f} |" in hp.markdown(result)
+
+
+def test_pdl_saving_by_model_reproduces_its_committed_table():
+    """benchmarks/pdl_saving_by_model.py: the committed table follows from the committed matrix and
+    report (measured and predicted saving per kernel, the cuda backend's grids bound on the CPU)."""
+    mod = _load("pdl_saving_by_model")
+    data = ROOT / "data" / "bench"
+    df = mod.table(data / "decode_matrix_h200_s19.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
+    row = df.set_index("model").loc["llama-3.1-8b/ctx1024/pos600"]
+    assert row["kernels"] == 612 and row["measured_ns_per_kernel"] > row["predicted_ns_per_kernel"]
+    md = mod.markdown(df, "decode_matrix_h200_s19.jsonl", "sim_fidelity_h200.csv")
+    assert md == (data / "pdl_saving_by_model_h200.md").read_text()
