@@ -40,7 +40,6 @@ from workbench.exec.cuda import CudaExecutor  # noqa: E402
 from workbench.models import preset  # noqa: E402
 from workbench.models.blocks import write_step_inputs  # noqa: E402
 from workbench.strategy import ALL_ON_OURS  # noqa: E402
-from workbench.strategy.host import kernel_launches  # noqa: E402
 
 PEER_BEST = ALL_ON_OURS.with_(pdl_trigger="after-main-loop", logits="zero-copy")
 START = 448
@@ -56,20 +55,10 @@ class InputsInGraph(CudaExecutor):
             b.host = [(op, fn) for op, fn in b.host if op.kind != "memcpy_h2d"]
         return b
 
-    def _capture(self, b: Any) -> None:
-        s0 = self._stream(0)
-        s0.begin_capture(mode=getattr(self.cp.cuda.runtime, "streamCaptureModeRelaxed", None))
-        try:
-            for fn in b.copies:
-                fn()
-            for op in kernel_launches(b.plan.launches, graphs=False):
-                self._device_op(b, op)
-        finally:
-            graph = s0.end_capture()
-        graph.upload(s0)
-        s0.synchronize()
-        b.graph = graph
-        self.captures += 1
+    def _record_graph(self, b: Any) -> None:
+        for fn in b.copies:
+            fn()
+        super()._record_graph(b)
 
 
 def step_run(ex: CudaExecutor, toks: list[int]) -> tuple[np.ndarray, np.ndarray]:

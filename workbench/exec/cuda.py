@@ -338,14 +338,19 @@ class CudaExecutor:
         s0 = self._stream(0)
         s0.begin_capture(mode=getattr(cp.cuda.runtime, "streamCaptureModeRelaxed", None))
         try:
-            for op in kernel_launches(b.plan.launches, graphs=False):
-                self._device_op(b, op)
+            self._record_graph(b)
         finally:
             graph = s0.end_capture()
         graph.upload(s0)
         s0.synchronize()
         b.graph = graph
         self.captures += 1
+
+    def _record_graph(self, b: _Bound) -> None:
+        """Issue what the graph of ``b`` holds, inside its stream capture: the Plan's launches with
+        their fork/join events (benchmarks/host_path_variants.py adds the input copies)."""
+        for op in kernel_launches(b.plan.launches, graphs=False):
+            self._device_op(b, op)
 
     def drop_graphs(self) -> None:
         """Forget the captured CUDA graphs: the next ``prepare`` captures them again (CUPTI's
