@@ -6,7 +6,10 @@ model runs 64 untraced tokens (us/token), then 24 tokens under CUPTI with graph-
 ``launch_api`` (the host time of ``cudaGraphLaunch``), ``before_graph`` (from the token's first
 CUDA call, its input copies, to the graph's first GPU work), ``graph_span`` (the replay on the
 GPU) and ``after_graph`` (from the replay's end to the token's last event: the logits' D2H copy and
-the final sync). The GPU idles during ``before_graph`` and ``after_graph``.
+the final sync). The GPU idles during ``before_graph`` and ``after_graph``. CUPTI's API tracing
+adds host time to every CUDA call, so ``launch_api`` and ``before_graph`` read longer here than in an
+untraced token: ``benchmarks/host_path_variants.py`` times the same spans with CUDA events
+(``data/bench/host_path_variants_h200.md``).
 
 Usage (GPU machine)::
 
