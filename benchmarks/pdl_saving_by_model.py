@@ -21,7 +21,6 @@ Usage::
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -32,6 +31,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from workbench.exec import cuda_ops  # noqa: E402
+from workbench.exec.calibrate.decode_matrix import read_matrix  # noqa: E402
 from workbench.models import build_graph, preset  # noqa: E402
 from workbench.strategy import Strategy, compile_plan  # noqa: E402
 from workbench.trace.analysis import to_markdown  # noqa: E402
@@ -48,16 +48,17 @@ def grid_blocks(model: str, layers: int | None, context: int, pos: int) -> np.nd
 
 
 def table(matrix: Path, predicted: Path, wave_blocks: int) -> pd.DataFrame:
-    cells = [json.loads(line) for line in matrix.read_text().splitlines() if '"kind": "cell"' in line]
-    measured = {(c["label"], c["strategy"]): c for c in cells}
+    _, cells = read_matrix(matrix)
+    measured = {(c["label"], c["strategy"]): c for c in cells.to_dict("records")}
     pred = pd.read_csv(predicted)
     predicted_us = {(r.label, r.strategy): r.predicted_us for r in pred.itertuples()}
     rows = []
-    for label in dict.fromkeys(c["label"] for c in cells):
+    for label in dict.fromkeys(cells["label"]):
         if not all((label, s) in measured and (label, s) in predicted_us for s in PAIR):
             continue
         c = measured[(label, PAIR[0])]
-        blocks = grid_blocks(c["model"], c["layers"], c["context"], c["pos"])
+        layers = None if pd.isna(c["layers"]) else int(c["layers"])  # the table holds "all layers" as NaN
+        blocks = grid_blocks(c["model"], layers, int(c["context"]), int(c["pos"]))
         n = len(blocks)
         saved = measured[(label, PAIR[0])]["us_per_token"] - measured[(label, PAIR[1])]["us_per_token"]
         sim_saved = predicted_us[(label, PAIR[0])] - predicted_us[(label, PAIR[1])]
