@@ -1,7 +1,9 @@
 """Warps per row (pair) of the fused mat-vecs (kernels/fused_mat_vec.cu): the kernel_bench run of
 the norm-mat-vec / qkv-rope-store / mul-mat-glu kernels with ``cuda_ops.fused_splits`` and
 ``cuda_ops.qkv_splits`` forced to 1, 2 and 4 warps, after the default, on the given models.
-Picks the rules in ``workbench.exec.cuda_ops``; results in ``data/bench/fused_splits_h200.md``.
+Each kernel alone; results in ``data/bench/fused_splits_h200.md``. The rules in
+``workbench.exec.cuda_ops`` are picked in whole decode steps (``benchmarks/grid_ab.py``), where
+PDL changes the answer.
 Usage (GPU): ``python3 benchmarks/fused_splits.py [--models llama-3.1-8b,llama-3.2-1b]``.
 """
 

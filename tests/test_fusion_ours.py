@@ -192,17 +192,19 @@ def test_full_size_llama_binds_the_fused_kernels():
                      "result_output": "k_mul_mat_vec_rows_f16_norm"}
 
 
-def test_fused_splits_keep_the_grid_to_few_even_rounds():
-    """Warps per item of the fused mat-vecs: llama-3.1-8b's gate/up rows (14336 of 512 vectors)
-    take 2 warps a row, whose 7 rounds of FMV_MAX_BLOCKS leave less of the last one idle than one
-    warp's 4 (3.4 used); llama-3.2-1b's (8192 of 256) one warp, 2 even rounds. Q/K/V rotation
-    pairs take one warp while they fit one round (1536 and 3072 pairs), more past it."""
-    assert cuda_ops.fused_splits(14336, 512) == 2
-    assert cuda_ops.fused_splits(8192, 256) == 1
-    assert cuda_ops.fused_splits(1, 8) == 1
-    assert cuda_ops.qkv_splits(1536, 256) == cuda_ops.qkv_splits(3072, 512) == 1
+def test_fused_splits_follow_the_whole_step_measurements():
+    """Warps per item of the fused mat-vecs (data/bench/grid_ab_h200.md): a lane holds at most 8
+    vectors of a row with the fewest warps, so gate/up rows of 256 vectors (llama-3.2-1b) and
+    Qwen3-30B-A3B's 256-vector K/V/router rows take one warp, rows of 512 (llama-3.1-8b, Qwen3-8B)
+    two, longer rows four. Q/K/V rotation pairs take the most warps whose grid fits one round:
+    two at llama-3.2-1b's 1536 pairs, one at gpt-oss-20b's 2560 and llama-3.1-8b's 3072."""
+    assert cuda_ops.fused_splits(8192, 256) == cuda_ops.fused_splits(512, 256) == 1
+    assert cuda_ops.fused_splits(14336, 512) == cuda_ops.fused_splits(12288, 512) == 2
+    assert cuda_ops.fused_splits(1024, 2048) == 4 and cuda_ops.fused_splits(1, 8) == 1
+    assert cuda_ops.qkv_splits(1536, 256) == 2
+    assert cuda_ops.qkv_splits(2560, 360) == cuda_ops.qkv_splits(3072, 512) == 1
     one_round = cuda_ops.FMV_MAX_BLOCKS * cuda_ops.MMV_WARPS
-    assert cuda_ops.qkv_splits(one_round + 1, 512) == cuda_ops.fused_splits(one_round + 1, 512) > 1
+    assert cuda_ops.qkv_splits(one_round // 4, 64) == 4 and cuda_ops.qkv_splits(4 * one_round, 512) == 1
 
 
 @pytest.mark.parametrize("own_fits", [True, False], ids=["fused-kernels-measured", "base-kernel-fits"])

@@ -576,23 +576,31 @@ def _mul_mat_glu(node: Node, addr: Addr, _: Workspace) -> KernelCall:
 FMV_MAX_BLOCKS = 4 * 132
 
 
+#: vectors of one row a lane of a fused mat-vec should hold (loads it keeps in flight): fewer
+#: warps a row while a lane's share stays within it (``fused_splits``)
+FMV_LANE_VECTORS = 8
+
+
 def fused_splits(items: int, nvec: int) -> int:
-    """Warps per item (a row, or a row pair of the GLU and Q/K/V kernels) of a fused mat-vec:
-    of 1, 2 and 4, the one whose warps' load chain is shortest, the grid's rounds (items over
-    FMV_MAX_BLOCKS blocks) times a lane's vectors of a row; the fewer warps on a tie: a grid of
-    3.4 rounds (llama-3.1-8b's gate/up rows at one warp a row) leaves most of its last round idle
-    (``data/bench/fused_splits_h200.md``)."""
-    def chain(s: int) -> int:
-        return ceil(ceil(items / (MMV_WARPS // s)) / FMV_MAX_BLOCKS) * ceil(nvec / (32 * s))
-    return min((1, 2, 4), key=chain)
+    """Warps per item (a row, or a row pair of the GLU kernel) of a fused mat-vec: the fewest of
+    1, 2 and 4 whose lanes hold at most FMV_LANE_VECTORS 16-byte vectors of a row (``nvec`` a
+    row), else 4. More warps shorten each lane's load chain but add a block reduction; in whole
+    decode steps under PDL on an H200 (``data/bench/grid_ab_h200.md``) the rule's choices were the
+    fastest measured: llama-3.2-1b's gate/up and Qwen3-30B-A3B's K, V and router rows (256
+    vectors) at one warp, llama-3.1-8b's and Qwen3-8B's gate/up (512) at two. The load-chain rule
+    before it (rounds of the grid times a lane's vectors, fewer warps on a tie) gave Qwen3-8B's
+    gate/up one warp and the 256-vector norm-mat-vecs four."""
+    return next((s for s in (1, 2) if ceil(nvec / (32 * s)) <= FMV_LANE_VECTORS), 4)
 
 
 def qkv_splits(pairs: int, nvec: int) -> int:
-    """Warps per rotation pair of the Q/K/V kernel: one while the pairs fit one round of the grid
-    (its epilogue, RoPE and three stores, is dearer than the block reduction it would share), else
-    fused_splits. Measured on an H200 (``data/bench/fused_splits_h200.md``): one warp beats two and
-    four at llama-3.2-1b's and llama-3.1-8b's shapes."""
-    return 1 if pairs <= FMV_MAX_BLOCKS * MMV_WARPS else fused_splits(pairs, nvec)
+    """Warps per rotation pair of the Q/K/V kernel: the most of 1, 2 and 4 whose grid (pairs over
+    MMV_WARPS / splits pairs a block) fits one round of FMV_MAX_BLOCKS blocks (its epilogue, RoPE
+    and three stores, does not pay for a second round); one where even that takes more. In whole
+    decode steps under PDL on an H200 (``data/bench/grid_ab_h200.md``): two warps at
+    llama-3.2-1b's 1536 pairs (384 blocks), one at gpt-oss-20b's 2560 and llama-3.1-8b's 3072,
+    where two would need 640 and 768 blocks."""
+    return max((s for s in (1, 2, 4) if ceil(pairs * s / MMV_WARPS) <= FMV_MAX_BLOCKS), default=1)
 
 
 def _fused_operands(node: Node, addr: Addr, mats: tuple[View, ...], x: View, items: int,

@@ -1,0 +1,150 @@
+"""Whole decode steps under the binder's launch-grid rules and alternatives, side by side: each
+variant patches ``cuda_ops`` (a grid cap, a kernel threshold, the warps a fused mat-vec gives a
+row) before its executor binds, on the peer's best strategy (``ALL_ON_OURS``, PDL signalling
+after the main loop, zero-copy logits) and without PDL; the executors share device weights and
+run in interleaved rounds (the order reversed every other round); the logits are compared with
+the default's.
+
+Why whole steps: a grid that is slower in isolation can be faster under PDL and the reverse
+(``data/bench/kernels_s26_h200.md`` section 5: llama-3.1-8b's gate/up at 448 against 598 blocks),
+so the rules must be checked where they run.
+
+    python3 benchmarks/grid_ab.py --models llama-3.1-8b,llama-3.2-1b --variants grid --json $OUT/grid_ab.json
+    python3 benchmarks/grid_ab.py --models llama-3.2-1b,llama-3.1-8b,qwen3-8b,gpt-oss-20b:8,qwen3-30b-a3b:8 \\
+        --variants splits --json $OUT/splits_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from collections.abc import Callable
+from math import ceil
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from fusion_effects import model_config  # noqa: E402
+
+from workbench.exec import cuda_ops  # noqa: E402
+from workbench.strategy import ALL_ON_OURS, Strategy  # noqa: E402
+
+BEST = ALL_ON_OURS.with_(pdl_trigger="after-main-loop", logits="zero-copy")
+
+
+def _forced(warps: int) -> Callable[[int, int], int]:
+    return lambda items, nvec: warps
+
+
+def _chain_fused_splits(items: int, nvec: int) -> int:
+    """The fused mat-vecs' warps per row before 2026-11-29: the shortest load chain, the grid's
+    rounds times a lane's vectors of a row, fewer warps on a tie."""
+    def chain(s: int) -> int:
+        return ceil(ceil(items / (cuda_ops.MMV_WARPS // s)) / cuda_ops.FMV_MAX_BLOCKS) * ceil(nvec / (32 * s))
+    return min((1, 2, 4), key=chain)
+
+
+def _one_warp_qkv_splits(pairs: int, nvec: int) -> int:
+    """The Q/K/V kernel's warps per pair before 2026-11-29: one while the pairs fit one round."""
+    return 1 if pairs <= cuda_ops.FMV_MAX_BLOCKS * cuda_ops.MMV_WARPS else _chain_fused_splits(pairs, nvec)
+
+
+OLD_RULES = {"fused_splits": _chain_fused_splits, "qkv_splits": _one_warp_qkv_splits}
+
+#: variant sets: name -> (strategy, {cuda_ops attribute: value})
+VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
+    "grid": {"base": (BEST, {}),
+             # blocks of the fused mat-vecs at most: 3, 5, 6, 8 a SM instead of 4
+             **{f"fmv{b}": (BEST, {"FMV_MAX_BLOCKS": b}) for b in (396, 660, 792, 1056)},
+             # mat-vecs of 4096 rows on the block kernel (2 warps a row) instead of the row-streaming one
+             "blockmv": (BEST, {"MMV_ROWS_MIN": 8193}),
+             "qkv2": (BEST, {"qkv_splits": _forced(2)})},
+    "splits": {"base": (BEST, {}),
+               **{f"qkv{w}": (BEST, {"qkv_splits": _forced(w)}) for w in (1, 2, 4)},
+               **{f"glu{w}": (BEST, {"fused_splits": _forced(w)}) for w in (1, 2, 4)},
+               "nopdl_base": (BEST.with_(pdl=False), {}),
+               **{f"nopdl_qkv{w}": (BEST.with_(pdl=False), {"qkv_splits": _forced(w)}) for w in (1, 2)}},
+    # the binder's rules against the ones before them, with and without PDL
+    "rules": {"base": (BEST, {}), "old_rules": (BEST, OLD_RULES),
+              "nopdl_base": (BEST.with_(pdl=False), {}), "nopdl_old_rules": (BEST.with_(pdl=False), OLD_RULES)},
+}
+
+
+def measure(model: str, variants: dict[str, tuple[Strategy, dict[str, Any]]], tokens: int, rounds: int,
+            start: int) -> dict[str, dict[str, Any]]:
+    """us/token (median of each round's steady tokens) per variant, its ratio to its strategy's
+    ``base`` and the largest logit difference from ``base``; the grids of layer 3's fused mat-vecs."""
+    from workbench.exec.cuda import CudaExecutor
+
+    cfg = model_config(model, "f16")
+    saved = {k: getattr(cuda_ops, k) for _, patch in variants.values() for k in patch}
+    exs, share, grids = {}, None, {}
+    try:
+        for name, (st, patch) in variants.items():
+            for k, v in saved.items():
+                setattr(cuda_ops, k, v)
+            for k, v in patch.items():
+                setattr(cuda_ops, k, v)
+            ex = CudaExecutor(cfg, st, weights="device", share=share)
+            share = share or ex
+            for p in range(start, start + tokens):
+                ex.prepare(p)
+            exs[name] = ex
+            b = ex.bound(cfg.kv_len(start))
+            grids[name] = {la.node.name: [c.name, list(c.grid)] for la, c in zip(b.plan.launches, b.calls)
+                           if la.node.name.endswith("-3") or la.node.name == "result_output"}
+    finally:
+        for k, v in saved.items():
+            setattr(cuda_ops, k, v)
+    runs: dict[str, list[float]] = {k: [] for k in exs}
+    logits: dict[str, np.ndarray] = {}
+    for r in range(rounds):
+        for name, ex in (list(exs.items()) if r % 2 == 0 else list(exs.items())[::-1]):
+            ex.reset()
+            n0 = len(ex.times.start_ns)
+            for i in range(tokens):
+                lg = ex.step((7 * i + 3) % 32000, start + i)
+            logits[name] = np.array(lg, copy=True)
+            runs[name].append(float(np.median(ex.times.us[n0:][1:])))
+    for ex in exs.values():
+        ex.release()
+    out = {}
+    for name, v in runs.items():
+        base = "nopdl_base" if name.startswith("nopdl") else "base"
+        med = float(np.median(v))
+        out[name] = {"us": v, "median": med, "ratio": med / float(np.median(runs[base])),
+                     "max_dlogit": float(np.max(np.abs(logits[name] - logits["base"]))), "grids": grids[name]}
+        print(f"{model:16s} {name:11s} {med:8.1f} us/token [{min(v):.1f}-{max(v):.1f}] x{out[name]['ratio']:.4f} "
+              f"max|dlogit| {out[name]['max_dlogit']:.2e}", flush=True)
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", default="llama-3.1-8b,llama-3.2-1b", help="preset[:layers], comma-separated")
+    ap.add_argument("--variants", choices=sorted(VARIANTS), default="grid")
+    ap.add_argument("--tokens", type=int, default=48)
+    ap.add_argument("--rounds", type=int, default=5)
+    ap.add_argument("--start", type=int, default=448, help="first position (context 512)")
+    ap.add_argument("--json", help="write the results here")
+    a = ap.parse_args(argv)
+    from llamacpp_peer import gpu_info
+
+    gpu = gpu_info()
+    res = {"device": gpu["gpu"], "driver": gpu["driver"], "date": time.strftime("%Y-%m-%d"), "variants": a.variants,
+           "tokens": a.tokens, "rounds": a.rounds, "start": a.start,
+           "models": {m: measure(m, VARIANTS[a.variants], a.tokens, a.rounds, a.start) for m in a.models.split(",")}}
+    if a.json:
+        Path(a.json).write_text(json.dumps(res, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
