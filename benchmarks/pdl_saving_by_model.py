@@ -1,9 +1,11 @@
 """What PDL saves a kernel under graphs, model by model: the measured matrix against the simulator,
 beside the launch grids of the cuda backend's kernels (CPU only: committed data).
 
-The simulator's largest knob misses on an H200 are PDL's (``sim_fidelity_h200.md``). It predicts
-an almost constant saving per kernel boundary (about 535 ns), while the GPU's saving differs by
-model. This script prints, per model of a measured decode matrix (``graphs`` -> ``graphs+pdl``):
+Some of the simulator's largest knob misses on an H200 are PDL's (``sim_fidelity_h200.md``). Its
+saving per kernel boundary varies little by model (700-800 ns with the calibration of 2026-11-29,
+about 535 ns with the one before), while the GPU's differs by model (515-879 ns on the
+2026-11-29 matrix). This script prints, per model of a measured decode matrix (``graphs`` ->
+``graphs+pdl``):
 
 * the measured and the predicted saving per kernel (us/token saved / kernels a token);
 * the cuda backend's real grid sizes for that Plan (``cuda_ops.bind`` without a GPU): mean blocks,
@@ -14,7 +16,7 @@ It is a lead for the simulator, not a fit. Output: ``data/bench/pdl_saving_by_mo
 
 Usage::
 
-    python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s19.jsonl] \\
+    python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s27c.jsonl] \\
         [--predicted data/bench/sim_fidelity_h200.csv] [--md data/bench/pdl_saving_by_model_h200.md]
 """
 
@@ -79,7 +81,7 @@ def markdown(df: pd.DataFrame, matrix: str, predicted: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s19.jsonl"))
+    ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s27c.jsonl"))
     ap.add_argument("--predicted", default=str(ROOT / "data/bench/sim_fidelity_h200.csv"))
     ap.add_argument("--wave-blocks", type=int, default=4 * 132)
     ap.add_argument("--md", default=None)

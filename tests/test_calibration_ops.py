@@ -101,7 +101,7 @@ def test_kernel_cost_prefers_op_kernel_then_op_then_family_then_device() -> None
 
 
 @pytest.mark.parametrize("raw_file, cal_file", [
-    ("calibration_raw_h200_s13.json.gz", CALIBRATION_DIR / "h200.json"),
+    ("calibration_raw_h200_s27.json.gz", CALIBRATION_DIR / "h200.json"),
     ("calibration_raw_h200_llama_only.json.gz", BENCH / "calibration_h200_llama_only.json"),
 ])
 def test_shipped_calibrations_reproduce_their_calibration_runs(raw_file: str, cal_file: Path) -> None:

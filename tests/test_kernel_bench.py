@@ -165,8 +165,38 @@ def test_pdl_saving_by_model_reproduces_its_committed_table():
     report (measured and predicted saving per kernel, the cuda backend's grids bound on the CPU)."""
     mod = _load("pdl_saving_by_model")
     data = ROOT / "data" / "bench"
-    df = mod.table(data / "decode_matrix_h200_s19.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
+    df = mod.table(data / "decode_matrix_h200_s27c.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
     row = df.set_index("model").loc["llama-3.1-8b/ctx1024/pos600"]
     assert row["kernels"] == 612 and row["measured_ns_per_kernel"] > row["predicted_ns_per_kernel"]
-    md = mod.markdown(df, "decode_matrix_h200_s19.jsonl", "sim_fidelity_h200.csv")
+    md = mod.markdown(df, "decode_matrix_h200_s27c.jsonl", "sim_fidelity_h200.csv")
     assert md == (data / "pdl_saving_by_model_h200.md").read_text()
+
+
+def test_kernel_fidelity_reproduces_its_committed_report():
+    """benchmarks/kernel_fidelity.py: the committed report follows from the committed full-size
+    timelines and the shipped H200 calibration; the router's top-k, priced per serial step, is
+    within 10 % of every model's measured median duration."""
+    mod = _load("kernel_fidelity")
+    data = ROOT / "data" / "bench"
+    import pandas as pd
+
+    cmp = mod.compare(pd.read_csv(data / "kernel_timelines_h200_s27.csv.gz"), None, "h200")
+    t = mod.tables(cmp)
+    md = mod.markdown(t, "kernel_timelines_h200_s27.csv.gz", "`data/calibration/h200.json`")
+    assert md == (data / "kernel_fidelity_h200.md").read_text()
+    k = t["kernels"]
+    top_k = k[(k["name"] == "k_argsort_top_k") & (k["strategy"] == "graphs")]
+    assert len(top_k) == 3  # gpt-oss-20b, Qwen3-30B-A3B, Qwen3-Next: 4 of 32, 8 of 128, 10 of 512
+    assert ((top_k["median_dur_sim_ns"] / top_k["median_dur_ns"] - 1).abs() < 0.10).all(), top_k
+
+
+def test_grid_ab_old_rules_are_the_rules_before():
+    """benchmarks/grid_ab.py's `old_rules` variant is the binder's rules before 2026-11-29, which
+    the new ones differ from only where grid_ab_h200.md measured them faster."""
+    mod = _load("grid_ab")
+    old_glu, old_qkv = mod.OLD_RULES["fused_splits"], mod.OLD_RULES["qkv_splits"]
+    assert (old_glu(14336, 512), old_glu(8192, 256), old_glu(12288, 512), old_glu(512, 256)) == (2, 1, 1, 4)
+    assert (old_qkv(1536, 256), old_qkv(3072, 512)) == (1, 1)
+    assert (cuda_ops.fused_splits(14336, 512), cuda_ops.fused_splits(8192, 256)) == (2, 1)  # unchanged
+    assert (cuda_ops.fused_splits(12288, 512), cuda_ops.fused_splits(512, 256)) == (2, 1)  # Qwen3-8B, Qwen3-30B-A3B
+    assert (cuda_ops.qkv_splits(1536, 256), cuda_ops.qkv_splits(3072, 512)) == (2, 1)  # llama-3.2-1b, llama-3.1-8b

@@ -140,6 +140,10 @@ class Calibration:
     #: or ``llamacpp`` (llama.cpp: ops keyed by llama.cpp's kernel names, ``cost.measured_fit``,
     #: and the simulator plans llama.cpp's schedule, ``llamacpp_schedule``)
     executor: str = "cuda"
+    #: the launch geometry the file's kernel fits were made under (``cost.kernel_geometry``):
+    #: ``executor``, the cuda executor's own grids (``workbench calibrate`` since 2026-11-29);
+    #: ``llamacpp``, llama.cpp's (files fitted before, and every llama.cpp calibration)
+    grids: str = "llamacpp"
 
     @property
     def eager_gap_ns(self) -> float:
@@ -196,12 +200,14 @@ class Calibration:
         return cal
 
 
+#: the launch geometries a file's kernel fits can be made under (``Calibration.grids``)
+GRIDS = ("executor", "llamacpp")
 #: device fields a file may leave out (the eager launch model; older files predate them)
 _OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns", "eager_event_gap_ns", "eager_pdl_release_ns",
                            "eager_pdl_launch_ns", "eager_channel_switch_ns")
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
-                                    "ops", "executor", *_OPTIONAL_DEVICE_FIELDS)]
+                                    "ops", "executor", "grids", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
 _OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns"}
 FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]  # a fit's fields, the optional ones included
@@ -321,8 +327,12 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
     executor = str(data.get("executor", "cuda"))
     if executor not in EXECUTORS:
         raise CalibrationError(f"{origin}: unknown executor {executor!r}; known: {', '.join(EXECUTORS)}")
+    grids = str(data.get("grids", "llamacpp"))
+    if grids not in GRIDS:
+        raise CalibrationError(f"{origin}: unknown grids {grids!r}; known: {', '.join(GRIDS)} (the launch geometry "
+                               "its kernel fits were made under)")
     return Calibration(gpu=str(data["gpu"]), name=str(data["name"]), host=host_profiles[profile], families=fam_costs,
-                       executor=executor,
+                       executor=executor, grids=grids,
                        ops=op_costs, host_profile=profile, host_profiles=host_profiles, sources=dict(sources), **dev)
 
 

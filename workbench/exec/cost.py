@@ -12,18 +12,25 @@ mat-vec row (``FamilyCost.row_ns``: each row's reduction tail, work at the kerne
 below 1 is taken off the fixed part instead, so the work that kernels share is never shorter than
 their bytes at the calibrated bandwidth (the floor that ``workbench.exec.floor`` checks).
 
-Launch geometry (blocks x threads per block) follows llama.cpp's CUDA kernels for a decode step
-(one token): one block per output row for mat-vec, one block per row for norms and softmax,
-256-thread blocks over the elements for element-wise ops.
+Launch geometry (blocks x threads per block) is the grid of the kernel the calibration's executor
+launches (``kernel_geometry``): the cuda executor's own (``cuda_ops.bind``) for a ``cuda``
+calibration fitted under it; otherwise llama.cpp's CUDA kernels' for a decode step (one token:
+``launch_geometry``):
+one block per output row for mat-vec, one block per row for norms and softmax, 256-thread blocks
+over the elements for element-wise ops.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil
+from math import ceil, prod
+from typing import TYPE_CHECKING
 
 from ..graph import Node, is_quantized
 from .calibration import Calibration, FamilyCost
+
+if TYPE_CHECKING:
+    from .cuda_ops import KernelCall
 
 #: ggml op -> CUDA kernel name as Nsight Systems shows it for llama.cpp's CUDA backend.
 KERNEL_NAMES = {
@@ -202,16 +209,76 @@ def mat_vec_rows(node: Node, sm_count: int) -> int:
     return launch_geometry(node, sm_count)[0] if node.op in MAT_VEC_OPS else 0
 
 
-def executor_kernel(node: Node) -> str | None:
-    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``None`` where no
-    kernel takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the
-    executor allocates them, so the alignment-dependent choices come out the same."""
+#: ops whose cuda-executor kernel is a router's top-k selection (kernels/topk.cu ``warp_top_k``)
+TOP_K_OPS = ("ARGSORT_TOP_K", "TOPK_MOE")
+
+
+def top_k_steps(node: Node) -> int:
+    """The serial steps of a router's top-k selection on the cuda executor, per row of n expert
+    logits: k rounds of a warp arg-max, each a scan of n / 32 entries per lane and 5 shuffle
+    steps (kernels/topk.cu ``warp_top_k``). Its time grows with these steps, not with its bytes:
+    3.1, 5.9 and 13.4 us for gpt-oss-20b's 4 of 32, Qwen3-30B-A3B's 8 of 128 and Qwen3-Next's 10
+    of 512 on an H200 (data/bench/calibration_h200_s27.md)."""
+    x = node.srcs[0]
+    cols = x.shape[-1]
+    k = node.outs[-1].shape[-1]  # the chosen ids: ARGSORT_TOP_K's dst, TOPK_MOE's second output
+    return x.numel // cols * k * (ceil(cols / 32) + 5)
+
+
+def serial_units(node: Node, cal: Calibration) -> int:
+    """What a fit's ``row_ns`` charges ``node`` for: a mat-vec's output rows (each row's reduction
+    tail, ``mat_vec_rows``), and on the cuda executor a top-k selection's serial steps
+    (``top_k_steps``); 0 for any other kernel (llama.cpp's argsort is a bitonic sort, not fitted
+    per step)."""
+    if node.op in MAT_VEC_OPS:
+        return mat_vec_rows(node, cal.sm_count)
+    if cal.executor == "cuda" and node.op in TOP_K_OPS:
+        return top_k_steps(node)
+    return 0
+
+
+def executor_call(node: Node) -> KernelCall | None:
+    """The launch the workbench's ``cuda`` executor makes for ``node`` (``None`` where no kernel
+    takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the executor
+    allocates them, so the alignment-dependent choices come out the same."""
     from .cuda_ops import BindError, bind
 
     try:
-        return bind(node, lambda v: v.offset, lambda key, n: 0).name
+        return bind(node, lambda v: v.offset, lambda key, n: 0)
     except BindError:
         return None
+
+
+def executor_kernel(node: Node) -> str | None:
+    """The CUDA kernel the workbench's ``cuda`` executor launches for ``node`` (``executor_call``),
+    and for decode attention how its split blocks merge, which sets its cost more than its bytes
+    do (``<cluster>``: through distributed shared memory; ``<split>``: the last block of a head
+    merges from a global workspace behind a ticket; neither: one block a head): 5.6-6.7 us in a
+    cluster, 10.7-15.5 us by ticket at 512-1024 keys on an H200
+    (data/bench/calibration_h200_s27.md)."""
+    call = executor_call(node)
+    if call is None:
+        return None
+    if call.cluster:
+        return f"{call.name}<cluster>"
+    if call.name.startswith("k_flash_attn") and len(call.grid) > 1 and call.grid[1] > 1:
+        return f"{call.name}<split>"
+    return call.name
+
+
+def kernel_geometry(node: Node, cal: Calibration) -> tuple[int, int]:
+    """(blocks, threads per block) of the kernel that ``cal``'s executor launches for ``node``:
+    the cuda executor's own grid (``executor_call``) for a ``cuda`` calibration fitted under it
+    (``Calibration.grids``), else llama.cpp's (``launch_geometry``: llama.cpp calibrations, files
+    fitted before, and nodes no executor kernel binds). The grids
+    differ where it matters to the cost: the executor's attention splits a head's keys over up to
+    8 blocks of a cluster where llama.cpp launches 2-3, and its mat-vecs stream several rows a
+    warp (512-598 blocks at llama-3.1-8b's FFN) where llama.cpp launches a block a row."""
+    if cal.executor == "cuda" and cal.grids == "executor":
+        call = executor_call(node)
+        if call is not None:
+            return int(prod(call.grid)), int(prod(call.block))
+    return launch_geometry(node, cal.sm_count)
 
 
 def prologue_ns(node: Node, cal: Calibration) -> float:
@@ -279,7 +346,7 @@ def fit_key(node: Node, cal: Calibration) -> tuple[str, str | None]:
 
 def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     """Roofline cost of ``node`` on the GPU of ``cal``."""
-    blocks, threads = launch_geometry(node, cal.sm_count)
+    blocks, threads = kernel_geometry(node, cal)
     nbytes, flops = float(node.bytes), float(node.flops)
     how, fam = measured_fit(node, cal)  # measured correction (workbench calibrate)
     scale = fam.work_scale if fam else 1.0
@@ -287,7 +354,7 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     prologue = fam.prologue_ns(cal.pdl_prologue_ns) if fam else cal.pdl_prologue_ns
     # a fit's per-row term (``FamilyCost.row_ns``): charged with the fixed part through the
     # conservation below, then moved into the work (see the end)
-    rows_ns = fam.row_ns * mat_vec_rows(node, cal.sm_count) if fam else 0.0
+    rows_ns = fam.row_ns * serial_units(node, cal) if fam else 0.0
     fixed += rows_ns
     slots = cal.sm_count * cal.max_threads_per_sm
     resident = min(blocks * threads, slots)

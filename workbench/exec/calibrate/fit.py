@@ -43,6 +43,7 @@ class _Output:
                       f"{env.get('driver_version', '')}, CUDA runtime {env.get('cuda_runtime', '')}, "
                       f"{env['date'][:10]})")
         self.out: dict[str, Any] = json.loads(json.dumps(base))
+        self.out["grids"] = "executor"  # the kernel fits below are made under the executor's own grids
         self.out["gpu"] = raw.get("gpu", self.out["gpu"])
         self.out["name"] = env["gpu_name"]
         self.device: dict[str, Any] = self.out["device"]

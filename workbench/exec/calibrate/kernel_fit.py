@@ -13,7 +13,7 @@ import pandas as pd
 
 from ...strategy.steps import plan_for
 from ..calibration import Calibration
-from ..cost import executor_kernel, fit_key, kernel_cost
+from ..cost import executor_kernel, fit_key, kernel_cost, serial_units
 from .specs import CALIBRATION_STRATEGIES, FUSED, FUSED_PDL, GRAPH_RUNS, GRAPHS, ModelSpec
 from .tables import nan_median
 
@@ -162,8 +162,10 @@ def measured_kernels(raw: Mapping[str, Any], cal: Calibration, cupti_ns: float =
     """Every Plan node's kernel measured under ``strategy`` (or each of several) in the calibration models: its op,
     family, the kernel the cuda executor binds for it (``cost.executor_kernel``: the same name
     the simulator looks its fit up by), its measured ``duration_ns`` less ``cupti_ns`` (what
-    CUPTI adds per traced kernel), and its ``roofline_ns`` on ``cal`` (alone, at its cap) and
-    ``predicted_ns`` (``kernel_cost(node, cal).duration_ns``)."""
+    CUPTI adds per traced kernel), its ``roofline_ns`` on ``cal`` (alone, at its cap),
+    ``predicted_ns`` (``kernel_cost(node, cal).duration_ns``) and ``rows`` (``cost.serial_units``:
+    a mat-vec's output rows, a top-k selection's serial steps, 0 for other kernels; ``fit_groups``
+    gives such fits a per-unit term, ``row_ns``, as the llama.cpp target's mat-vecs have)."""
     rows = []
     kt = pd.DataFrame(raw["kernels"])
     for _, grp, nodes in (t for st in ((strategy,) if isinstance(strategy, str) else strategy)
@@ -176,9 +178,9 @@ def measured_kernels(raw: Mapping[str, Any], cal: Calibration, cupti_ns: float =
             rows.append({"model": r.model, "node": r.node, "op": node.op, "family": node.family,
                          "kernel": executor_kernel(node) or r.name, "duration_ns": r.duration_ns - cupti_ns,
                          "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
-                         "predicted_ns": c.duration_ns})
+                         "predicted_ns": c.duration_ns, "rows": serial_units(node, cal)})
     return pd.DataFrame(rows, columns=["model", "node", "op", "family", "kernel", "duration_ns", "roofline_ns",
-                                       "predicted_ns"])
+                                       "predicted_ns", "rows"])
 
 
 @dataclass(frozen=True)

@@ -708,6 +708,7 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     cal["host_profiles"] = {PROFILE: prof}
     cal["default_host_profile"] = PROFILE
     cal["executor"] = "llamacpp"
+    cal.pop("grids", None)  # llama.cpp's kernels: its own launch geometry (cost.launch_geometry)
     for fld, (v, how) in device_gaps(traces).items():
         cal["device"][fld] = round(v, 1)
         src[f"device.{fld}"] = how

@@ -148,8 +148,9 @@ def _kernel_groups(k: pd.DataFrame) -> pd.DataFrame:
 
 
 def device_calibration(cal: Calibration) -> Calibration:
-    """``cal`` without measured kernel corrections: the plain roofline the fit scales."""
-    return replace(cal, ops={}, families={})
+    """``cal`` without measured kernel corrections: the plain roofline the fit scales, on
+    llama.cpp's launch geometry (the base may be a cuda calibration fitted on the executor's)."""
+    return replace(cal, ops={}, families={}, executor="llamacpp", grids="llamacpp")
 
 
 def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, pd.DataFrame]:
