@@ -62,3 +62,57 @@ def test_absent_row_term_is_the_old_cost_and_a_present_one_adds_per_row():
     c = kernel_cost(node, new)
     assert c.duration_ns == pytest.approx(3000.0 + 0.8 * rows + 0.7 * roof)
     assert c.cap == pytest.approx(plain.cap)                           # the row tails work at the kernel's cap
+
+
+def _node(model: str, name: str):
+    cfg = preset(model, context=512)
+    plan = plan_for(cfg, Strategy(), cfg.kv_len(448))
+    return next(la.node for la in plan.launches if la.node.name == name)
+
+
+def test_top_k_steps_charge_the_cuda_executors_selection_only():
+    """A router's top-k on the cuda executor is one warp's serial chain: k rounds of n / 32
+    entries a lane and 5 shuffles, the units its fit's per-unit term charges (Qwen3-30B-A3B: 8 of
+    128 experts, 8 x (4 + 5)); llama.cpp's bitonic argsort is not charged per step."""
+    from workbench.exec.cost import serial_units, top_k_steps
+
+    node = _node("qwen3-30b-a3b", "ffn_moe_topk-0")
+    assert node.op == "ARGSORT_TOP_K" and top_k_steps(node) == 8 * (4 + 5)
+    cal = load_calibration("h200")
+    assert serial_units(node, cal) == 72
+    assert serial_units(node, dataclasses.replace(cal, executor="llamacpp")) == 0
+    mv = _node("qwen3-30b-a3b", "ffn_moe_down-0")
+    assert serial_units(mv, cal) == mat_vec_rows(mv, cal.sm_count) > 0
+    # the per-step term is what separates a 4-of-32 router from a 10-of-512 one
+    fc = cal.ops["ARGSORT_TOP_K"]
+    assert fc.row_ns > 0 and kernel_cost(node, cal).duration_ns > fc.fixed_ns + 60 * fc.row_ns
+
+
+def test_kernel_geometry_follows_the_grids_a_file_was_fitted_on():
+    """A calibration fitted on the executor's grids prices a kernel on cuda_ops.bind's grid
+    (decode attention: 32 heads x 8 blocks a head in clusters), one fitted before it on
+    llama.cpp's (launch_geometry), and a llama.cpp calibration always on llama.cpp's."""
+    from math import prod
+
+    from workbench.exec.cost import executor_call, kernel_geometry, launch_geometry
+
+    node = _node("llama-3.1-8b", "kqv_out-0")
+    cal = load_calibration("h200")
+    assert cal.grids == "executor"
+    call = executor_call(node)
+    assert kernel_geometry(node, cal) == (prod(call.grid), prod(call.block)) == (32 * 8, 128)
+    older = dataclasses.replace(cal, grids="llamacpp")
+    assert kernel_geometry(node, older) == launch_geometry(node, cal.sm_count) != kernel_geometry(node, cal)
+    assert kernel_geometry(node, dataclasses.replace(cal, executor="llamacpp")) == launch_geometry(node, cal.sm_count)
+    assert load_calibration("h100").grids == "llamacpp"  # fitted 2026-11-27, before the executor's grids
+
+
+def test_an_unknown_grids_value_is_refused():
+    import json
+
+    from workbench.exec.calibration import CALIBRATION_DIR, CalibrationError, parse_calibration
+
+    data = json.loads((CALIBRATION_DIR / "h200.json").read_text())
+    data["grids"] = "warp"
+    with pytest.raises(CalibrationError, match="unknown grids 'warp'"):
+        parse_calibration(data, "h200.json")
