@@ -14,10 +14,9 @@ their bytes at the calibrated bandwidth (the floor that ``workbench.exec.floor``
 
 Launch geometry (blocks x threads per block) is the grid of the kernel the calibration's executor
 launches (``kernel_geometry``): the cuda executor's own (``cuda_ops.bind``) for a ``cuda``
-calibration fitted under it; otherwise llama.cpp's CUDA kernels' for a decode step (one token:
-``launch_geometry``):
-one block per output row for mat-vec, one block per row for norms and softmax, 256-thread blocks
-over the elements for element-wise ops.
+calibration fitted under it; otherwise that of llama.cpp's CUDA kernels for a decode step
+(``launch_geometry``): one block per output row for mat-vec, one block per row for norms and
+softmax, 256-thread blocks over the elements for element-wise ops.
 """
 
 from __future__ import annotations
@@ -270,10 +269,10 @@ def kernel_geometry(node: Node, cal: Calibration) -> tuple[int, int]:
     """(blocks, threads per block) of the kernel that ``cal``'s executor launches for ``node``:
     the cuda executor's own grid (``executor_call``) for a ``cuda`` calibration fitted under it
     (``Calibration.grids``), else llama.cpp's (``launch_geometry``: llama.cpp calibrations, files
-    fitted before, and nodes no executor kernel binds). The grids
-    differ where it matters to the cost: the executor's attention splits a head's keys over up to
-    8 blocks of a cluster where llama.cpp launches 2-3, and its mat-vecs stream several rows a
-    warp (512-598 blocks at llama-3.1-8b's FFN) where llama.cpp launches a block a row."""
+    fitted before, and nodes no executor kernel binds). The grids differ where it matters to the
+    cost: the executor's attention splits a head's keys over up to 8 blocks of a cluster where
+    llama.cpp launches 2-3, and its mat-vecs stream several rows a warp (512-598 blocks at
+    llama-3.1-8b's FFN) where llama.cpp launches a block a row."""
     if cal.executor == "cuda" and cal.grids == "executor":
         call = executor_call(node)
         if call is not None:
