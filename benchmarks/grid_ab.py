@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from fusion_effects import model_config  # noqa: E402
+from host_path_variants import probe_tokens, step_run  # noqa: E402
 
 from workbench.exec import cuda_ops  # noqa: E402
 from workbench.strategy import ALL_ON_OURS, Strategy  # noqa: E402
@@ -105,14 +106,13 @@ def measure(model: str, variants: dict[str, tuple[Strategy, dict[str, Any]]], to
             setattr(cuda_ops, k, v)
     runs: dict[str, list[float]] = {k: [] for k in exs}
     logits: dict[str, np.ndarray] = {}
+    toks = probe_tokens(tokens)
     for r in range(rounds):
         for name, ex in (list(exs.items()) if r % 2 == 0 else list(exs.items())[::-1]):
             ex.reset()
-            n0 = len(ex.times.start_ns)
-            for i in range(tokens):
-                lg = ex.step((7 * i + 3) % 32000, start + i)
-            logits[name] = np.array(lg, copy=True)
-            runs[name].append(float(np.median(ex.times.us[n0:][1:])))
+            us, lg = step_run(ex, toks, start)
+            logits[name] = lg[-1]
+            runs[name].append(float(np.median(us)))
     for ex in exs.values():
         ex.release()
     out = {}

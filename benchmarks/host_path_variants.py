@@ -61,10 +61,15 @@ class InputsInGraph(CudaExecutor):
         super()._record_graph(b)
 
 
-def step_run(ex: CudaExecutor, toks: list[int]) -> tuple[np.ndarray, np.ndarray]:
-    """The backend's loop: (us per token after the first, the tokens' logits)."""
+def probe_tokens(n: int) -> list[int]:
+    """The token ids a run of ``n`` steps feeds (fixed, so every variant decodes the same)."""
+    return [(7 * i + 3) % 32000 for i in range(n)]
+
+
+def step_run(ex: CudaExecutor, toks: list[int], start: int = START) -> tuple[np.ndarray, np.ndarray]:
+    """The backend's loop from position ``start``: (us per token after the first, the tokens' logits)."""
     n0 = len(ex.times.start_ns)
-    logits = [ex.step(t, START + i) for i, t in enumerate(toks)]
+    logits = [ex.step(t, start + i) for i, t in enumerate(toks)]
     return ex.times.us[n0:][1:], np.stack(logits)
 
 
@@ -152,7 +157,7 @@ def measure(spec: str, tokens: int, rounds: int, runs: int) -> dict:
     for ex in (base, in_graph):  # every Plan bound and captured before timing
         for i in range(tokens):
             ex.prepare(START + i)
-    toks = [(7 * i + 3) % 32000 for i in range(tokens)]
+    toks = probe_tokens(tokens)
     us: dict[str, list[float]] = {k: [] for k in variants}
     diff: dict[str, float] = {}
     ref = None

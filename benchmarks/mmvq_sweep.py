@@ -135,7 +135,7 @@ def fit_calibration(sweep: dict, data: dict) -> dict[str, tuple[dict[str, float]
 
     from workbench.exec.calibrate.kernel_fit import MIN_OP_KERNELS, fit_groups
     from workbench.exec.calibration import parse_calibration
-    from workbench.exec.cost import kernel_cost, mat_vec_rows
+    from workbench.exec.cost import kernel_cost, serial_units
 
     for key in [k for k in data["ops"] if "/k_mul_mat_vec_q_" in k]:  # the fit starts from the plain roofline
         del data["ops"][key]
@@ -147,7 +147,7 @@ def fit_calibration(sweep: dict, data: dict) -> dict[str, tuple[dict[str, float]
         c = kernel_cost(node, cal)
         rows.append({"key": key, "duration_ns": r["us"] * 1e3 - cal.dependency_gap_ns,
                      "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
-                     "rows": mat_vec_rows(node, cal.sm_count)})
+                     "rows": serial_units(node, cal)})
     counts = pd.Series([r["key"] for r in rows]).value_counts()
     for r in rows:  # a per-row term only where the kernels outnumber the parameters well
         if counts[r["key"]] < ROW_FIT_MIN:

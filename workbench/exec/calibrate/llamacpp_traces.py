@@ -24,7 +24,7 @@ from ...models import preset
 from ...strategy import Strategy
 from ...trace import Trace
 from ..calibration import Calibration
-from ..cost import kernel_cost, kernel_name, mat_vec_rows
+from ..cost import kernel_cost, kernel_name, serial_units
 from .llamacpp_schedule import llamacpp_plan
 
 #: trace file suffixes read from a folder
@@ -182,7 +182,7 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
                                 "key": f"{node.op}/{kernel_name(node)}", "trace_op": r.op,
                                 "duration_ns": float(r.end_ns - r.start_ns), "exposed_ns": float(r.exposed_ns),
                                 "roofline_ns": c.work_ns / c.cap if c.work_ns > 0 else 0.0,
-                                "rows": mat_vec_rows(node, dev.sm_count)})
+                                "rows": serial_units(node, dev)})
     return pd.DataFrame(matched), pd.DataFrame(unmatched, columns=["trace", "token", "family", "kernels", "nodes",
                                                                    "exposed_ns"])
 
