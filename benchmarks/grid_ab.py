@@ -3,7 +3,8 @@ variant patches ``cuda_ops`` (a grid cap, a kernel threshold, the warps a fused 
 row) before its executor binds, on the peer's best strategy (``ALL_ON_OURS``, PDL signalling
 after the main loop, zero-copy logits) and without PDL; the executors share device weights and
 run in interleaved rounds (the order reversed every other round); the logits are compared with
-the default's.
+the default's. A variant's ``DEFINES`` (extra ``-D`` options) recompile the mat-vec kernels for
+its executor only.
 
 Why whole steps: a grid that is slower in isolation can be faster under PDL and the reverse
 (``data/bench/kernels_s26_h200.md`` section 5: llama-3.1-8b's gate/up at 448 against 598 blocks),
@@ -12,6 +13,7 @@ so the rules must be checked where they run.
     python3 benchmarks/grid_ab.py --models llama-3.1-8b,llama-3.2-1b --variants grid --json $OUT/grid_ab.json
     python3 benchmarks/grid_ab.py --models llama-3.2-1b,llama-3.1-8b,qwen3-8b,gpt-oss-20b:8,qwen3-30b-a3b:8 \\
         --variants splits --json $OUT/splits_ab.json
+    python3 benchmarks/grid_ab.py --models llama-3.1-8b,llama-3.2-1b --variants rows --json $OUT/rows_ab.json
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from fusion_effects import model_config  # noqa: E402
 from host_path_variants import probe_tokens, step_run  # noqa: E402
 
 from workbench.exec import cuda_ops  # noqa: E402
+from workbench.exec.kernels import ModuleCache, compile_options, kernel_source  # noqa: E402
 from workbench.strategy import ALL_ON_OURS, Strategy  # noqa: E402
 
 BEST = ALL_ON_OURS.with_(pdl_trigger="after-main-loop", logits="zero-copy")
@@ -59,6 +62,36 @@ def _one_warp_qkv_splits(pairs: int, nvec: int) -> int:
 
 OLD_RULES = {"fused_splits": _chain_fused_splits, "qkv_splits": _one_warp_qkv_splits}
 
+#: the kernel sources a variant's ``DEFINES`` (extra NVRTC ``-D`` options) are compiled into: the
+#: mat-vec kernels (``kernels/mat_vec.cuh`` is inlined into both)
+DEFINED_SOURCES = ("mul_mat", "fused_mat_vec")
+
+
+def _rows_kernel_from(k_min: Callable[[int], int | None]) -> dict[str, Any]:
+    """The binders with MUL_MAT's row-streaming threshold (``MMV_ROWS_MIN``) set per input width
+    K (``k_min(K)``, None: unchanged): ``lambda K: 8193 if K == 4096 else None`` puts
+    llama-3.1-8b's o_proj (4096 x 4096) on the block kernel and leaves its down projection
+    (K = 14336) and lm_head (N = 128256) on the row-streaming one."""
+    def mul_mat(node: Any, addr: Any, ws: Any) -> Any:
+        saved = cuda_ops.MMV_ROWS_MIN
+        v = k_min(node.srcs[0].shape[-1])
+        cuda_ops.MMV_ROWS_MIN = saved if v is None else v
+        try:
+            return cuda_ops._mul_mat(node, addr, ws)
+        finally:
+            cuda_ops.MMV_ROWS_MIN = saved
+    return {**cuda_ops._BINDERS, "MUL_MAT": mul_mat, "MUL_MAT_ADD": mul_mat}
+
+class _Every:
+    """A shape table that holds every shape."""
+
+    def __contains__(self, _: object) -> bool:
+        return True
+
+
+#: the binder without its measured shape tables (cuda_ops.HEAD_DEEP_RING, MMV_BLOCK_SHAPES)
+NO_TABLES = {"HEAD_DEEP_RING": frozenset(), "MMV_BLOCK_SHAPES": frozenset()}
+
 #: variant sets: name -> (strategy, {cuda_ops attribute: value})
 VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
     "grid": {"base": (BEST, {}),
@@ -75,7 +108,61 @@ VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
     # the binder's rules against the ones before them, with and without PDL
     "rules": {"base": (BEST, {}), "old_rules": (BEST, OLD_RULES),
               "nopdl_base": (BEST.with_(pdl=False), {}), "nopdl_old_rules": (BEST.with_(pdl=False), OLD_RULES)},
+    # the row-streaming mat-vec's loads in flight per lane (MMV_ROWS_UNROLL, default 2), and the
+    # 4096-row mat-vecs of llama-3.1-8b one at a time on the block kernel (o_proj: K = 4096, down:
+    # 14336), on the binder before the shape tables: data/bench/grid_ab_h200_rows.json
+    "rows": {"base": (BEST, dict(NO_TABLES)),
+             **{f"rows_u{u}": (BEST, {**NO_TABLES, "DEFINES": (f"-DMMV_ROWS_UNROLL={u}",)}) for u in (1, 3, 4, 6)},
+             "block_o": (BEST, {**NO_TABLES, "_BINDERS": _rows_kernel_from(lambda K: 8193 if K == 4096 else None)}),
+             "block_down": (BEST, {**NO_TABLES,
+                                   "_BINDERS": _rows_kernel_from(lambda K: 8193 if K == 14336 else None)}),
+             "nopdl_base": (BEST.with_(pdl=False), dict(NO_TABLES)),
+             "nopdl_rows_u4": (BEST.with_(pdl=False), {**NO_TABLES, "DEFINES": ("-DMMV_ROWS_UNROLL=4",)})},
+    # the fused lm_head's ring depth on every model, on the binder before the shape tables below
+    # (both emptied): data/bench/grid_ab_h200_head_defines.json
+    "ring": {"base": (BEST, dict(NO_TABLES)),
+             **{f"head_u{u}": (BEST, {**NO_TABLES, "HEAD_DEEP_RING": _Every(), "DEFINES": (f"-DMMV_HEAD_UNROLL={u}",)})
+                for u in (3, 4)},
+             "block_longk": (BEST, {**NO_TABLES, "_BINDERS": _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)}),
+             "block_longk_head_u4": (BEST, {**NO_TABLES, "HEAD_DEEP_RING": _Every(),
+                                            "_BINDERS": _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)}),
+             "nopdl_base": (BEST.with_(pdl=False), dict(NO_TABLES)),
+             "nopdl_head_u4": (BEST.with_(pdl=False), {**NO_TABLES, "HEAD_DEEP_RING": _Every()})},
+    # the measured shape tables (cuda_ops.HEAD_DEEP_RING, MMV_BLOCK_SHAPES) against each emptied,
+    # both emptied (the binder before them), every fused lm_head on the deep ring, and mat-vecs of
+    # K >= 8192 under 8193 rows on the block kernel
+    "head": {"base": (BEST, {}),
+             "before": (BEST, dict(NO_TABLES)),
+             "head_shallow": (BEST, {"HEAD_DEEP_RING": frozenset()}),
+             "down_rows": (BEST, {"MMV_BLOCK_SHAPES": frozenset()}),
+             "head_deep_all": (BEST, {"HEAD_DEEP_RING": _Every()}),
+             "block_longk": (BEST, {"_BINDERS": _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)}),
+             "nopdl_base": (BEST.with_(pdl=False), {}),
+             "nopdl_before": (BEST.with_(pdl=False), dict(NO_TABLES))},
 }
+
+
+class _DefinedModules(ModuleCache):
+    """A module cache that compiles ``DEFINED_SOURCES`` with extra ``-D`` options and takes every
+    other source from the process's shared cache (one NVRTC compile of each)."""
+
+    def __init__(self, shared: ModuleCache, defines: tuple[str, ...]) -> None:
+        super().__init__(shared.cc)
+        self.shared, self.defines = shared, defines
+
+    def _module(self, mkey: tuple[str, str, str]) -> Any:
+        if mkey[0] not in DEFINED_SOURCES:
+            return self.shared._module(mkey)
+        mod = self._modules.get(mkey)
+        if mod is None:
+            source, wait, trigger = mkey
+            mod = self._modules[mkey] = self._cupy.RawModule(
+                code=kernel_source(source), options=compile_options(wait, trigger, self.cc) + self.defines)
+        return mod
+
+    def prefetch(self, keys: set[tuple[str, str, str]]) -> None:
+        for k in sorted(keys):
+            self._module(k)
 
 
 def measure(model: str, variants: dict[str, tuple[Strategy, dict[str, Any]]], tokens: int, rounds: int,
@@ -85,15 +172,18 @@ def measure(model: str, variants: dict[str, tuple[Strategy, dict[str, Any]]], to
     from workbench.exec.cuda import CudaExecutor
 
     cfg = model_config(model, "f16")
-    saved = {k: getattr(cuda_ops, k) for _, patch in variants.values() for k in patch}
+    saved = {k: getattr(cuda_ops, k) for _, patch in variants.values() for k in patch if k != "DEFINES"}
     exs, share, grids = {}, None, {}
     try:
         for name, (st, patch) in variants.items():
             for k, v in saved.items():
                 setattr(cuda_ops, k, v)
             for k, v in patch.items():
-                setattr(cuda_ops, k, v)
+                if k != "DEFINES":
+                    setattr(cuda_ops, k, v)
             ex = CudaExecutor(cfg, st, weights="device", share=share)
+            if patch.get("DEFINES"):
+                ex.modules = _DefinedModules(ex.modules, patch["DEFINES"])
             share = share or ex
             for p in range(start, start + tokens):
                 ex.prepare(p)

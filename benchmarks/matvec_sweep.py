@@ -1,7 +1,9 @@
 """Mat-vec variants on the shapes of a Llama-3.2-1B decode step: which kernel, warps per row
 (``splits``), rows per warp and unroll depth reach the memory bandwidth (device time of 20
 back-to-back launches in one CUDA graph; GB/s = weight bytes / time). Picks the binder's
-heuristics in ``workbench.exec.cuda_ops``. Usage: ``python benchmarks/matvec_sweep.py [--out F]``.
+heuristics in ``workbench.exec.cuda_ops``. Usage: ``python benchmarks/matvec_sweep.py [--out F]
+[--shapes 4096x4096,4096x14336]`` (N x K). The block kernel's depth is ``MMV_UNROLL``, the
+row-streaming kernel's ``MMV_ROWS_UNROLL`` (``uN`` in a variant's name is the one its kernel reads).
 """
 
 from __future__ import annotations
@@ -33,16 +35,21 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", default=str(ROOT / "data" / "bench" / "matvec_sweep.json"))
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--shapes", help="N x K pairs, comma-separated (default: llama-3.2-1b's)")
     args = ap.parse_args(argv)
+    shapes = [tuple(int(v) for v in s.split("x")) for s in args.shapes.split(",")] if args.shapes else SHAPES
     import cupy as cp
 
     cc = device_info().compute_capability
     mods = {u: cp.RawModule(code=kernel_source("mul_mat"),
                             options=compile_options("none", "none", cc) + (f"-DMMV_UNROLL={u}",))
             for u in (2, 4, 8)}
+    rows_mods = {u: cp.RawModule(code=kernel_source("mul_mat"),
+                                 options=compile_options("none", "none", cc) + (f"-DMMV_ROWS_UNROLL={u}",))
+                 for u in (1, 2, 3, 4, 6, 8)}
     s = cp.cuda.Stream(non_blocking=True)
     rows = []
-    for N, K in SHAPES:
+    for N, K in shapes:
         w = (cp.random.standard_normal((N, K), dtype=cp.float32) * 0.02).astype(cp.float16)
         x = cp.random.standard_normal(K, dtype=cp.float32)
         d = cp.empty(N, cp.float32)
@@ -55,6 +62,7 @@ def main(argv=None) -> int:
             for sp in (1, 2, 4, 8):
                 variants.append((f"vec u{u} splits{sp}", mod.get_function("k_mul_mat_vec_f16"),
                                  (ceil(N / (8 // sp)), 1), sp))
+        for u, mod in rows_mods.items():
             for rpw in (1, 2, 4, 8, 16, 32):
                 if rpw > 1 and N / rpw < 512:
                     continue

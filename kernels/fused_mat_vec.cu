@@ -137,8 +137,10 @@ extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_
 
 // RMS_NORM_MUL_MAT for tall matrices (N >= 8192: the lm_head): the row-streaming loop of
 // k_mul_mat_vec_rows_* (RowStream) over the staged x * w_norm, each row's dot scaled in its store.
-// grid = (ceil(ceil(N / rows_per_warp) / MMV_WARPS),).
-template <int WDT>
+// grid = (ceil(ceil(N / rows_per_warp) / MMV_WARPS),). U loads in flight a lane: MMV_ROWS_UNROLL,
+// or MMV_HEAD_UNROLL in the _deep_ kernels (cuda_ops.HEAD_DEEP_RING: faster for some lm_heads in
+// whole decode steps, slower for others).
+template <int WDT, int U>
 __device__ __forceinline__ void fmv_rows_norm(TV d, TV w, TV x, TV nw, float eps, int rows_per_warp) {
     PDL_TRIGGER(start);
     PDL_WAIT(start);
@@ -146,7 +148,7 @@ __device__ __forceinline__ void fmv_rows_norm(TV d, TV w, TV x, TV nw, float eps
     float* xs = (float*)xs4;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int gw = blockIdx.x * MMV_WARPS + warp, W = gridDim.x * MMV_WARPS, N = tv_rows(w);
-    RowStream<WDT, MMV_ROWS_UNROLL> rs(w, gw, W, rows_per_warp, lane);
+    RowStream<WDT, U> rs(w, gw, W, rows_per_warp, lane);
     rs.issue_first();  // weights: independent of earlier kernels
     __shared__ RowGroups groups;
     const bool grouped = row_groups_ok(d, N, rows_per_warp);
@@ -163,18 +165,17 @@ __device__ __forceinline__ void fmv_rows_norm(TV d, TV w, TV x, TV nw, float eps
     PDL_TRIGGER(end);
 }
 
-extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_rows_f16_norm(TV d, TV w, TV x, TV nw,
-                                                                                              float eps, int rpw) {
-    fmv_rows_norm<DT_F16>(d, w, x, nw, eps, rpw);
-}
-extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_rows_bf16_norm(TV d, TV w, TV x, TV nw,
-                                                                                               float eps, int rpw) {
-    fmv_rows_norm<DT_BF16>(d, w, x, nw, eps, rpw);
-}
-extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) k_mul_mat_vec_rows_f32_norm(TV d, TV w, TV x, TV nw,
-                                                                                              float eps, int rpw) {
-    fmv_rows_norm<DT_F32>(d, w, x, nw, eps, rpw);
-}
+#define FMV_ROWS_NORM_KERNEL(NAME, WDT, U)                                                                \
+    extern "C" __global__ void __launch_bounds__(256, FMV_MIN_BLOCKS) NAME(TV d, TV w, TV x, TV nw, float eps, \
+                                                                            int rpw) {                    \
+        fmv_rows_norm<WDT, U>(d, w, x, nw, eps, rpw);                                                     \
+    }
+FMV_ROWS_NORM_KERNEL(k_mul_mat_vec_rows_f16_norm, DT_F16, MMV_ROWS_UNROLL)
+FMV_ROWS_NORM_KERNEL(k_mul_mat_vec_rows_bf16_norm, DT_BF16, MMV_ROWS_UNROLL)
+FMV_ROWS_NORM_KERNEL(k_mul_mat_vec_rows_f32_norm, DT_F32, MMV_ROWS_UNROLL)
+FMV_ROWS_NORM_KERNEL(k_mul_mat_vec_rows_deep_f16_norm, DT_F16, MMV_HEAD_UNROLL)
+FMV_ROWS_NORM_KERNEL(k_mul_mat_vec_rows_deep_bf16_norm, DT_BF16, MMV_HEAD_UNROLL)
+FMV_ROWS_NORM_KERNEL(k_mul_mat_vec_rows_deep_f32_norm, DT_F32, MMV_HEAD_UNROLL)
 
 // The two weight rows of rotation pair `item` (of (Nq + Nk + Nv) / 2, heads of hd rows: Q's,
 // then K's, then V's): which = 0 q, 1 k, 2 v; ra, rb rows within the head; rot: a NeoX pair

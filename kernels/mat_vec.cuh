@@ -8,9 +8,14 @@
 #ifndef MMV_UNROLL
 #define MMV_UNROLL 4
 #endif
-// the row-streaming kernel keeps a shallower ring: measured best on H200 (benchmarks/matvec_sweep.py)
+// the row-streaming kernel keeps a shallower ring: at one row a warp (llama-3.1-8b's o_proj and
+// down) 3 and 4 are slower, in isolation and in whole decode steps (data/bench/grid_ab_rows_h200.md)
 #ifndef MMV_ROWS_UNROLL
 #define MMV_ROWS_UNROLL 2
+#endif
+// the deeper ring of the fused lm_head's _deep_ kernels (fused_mat_vec.cu fmv_rows_norm: tens of rows a warp)
+#ifndef MMV_HEAD_UNROLL
+#define MMV_HEAD_UNROLL 4
 #endif
 
 struct alignas(16) u32x4 { u32 x, y, z, w; };

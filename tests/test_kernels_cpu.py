@@ -149,6 +149,19 @@ def test_full_size_hot_kernels_are_the_vector_ones():
     assert names["ffn_gate-0"] == "k_mul_mat_vec_rows_f16" and names["Kcur-0"] == "k_mul_mat_vec_f16"
 
 
+def test_measured_shape_tables_pick_their_kernels():
+    """llama-3.1-8b's down projection (4096 x 14336) takes the block mat-vec though it has the
+    row-streaming kernel's rows, its o_proj (4096 x 4096) keeps the row-streaming one; a Llama 3
+    lm_head (128256 rows) fused with its norm streams with the deep ring, a Qwen3 one (151936
+    rows) with the shallow one (cuda_ops.MMV_BLOCK_SHAPES, HEAD_DEEP_RING)."""
+    s = Strategy(fusion=frozenset({"norm-mat-vec"}))
+    calls = _bound_kernels(preset("llama-3.1-8b", layers=1), s, ("MUL_MAT", "RMS_NORM_MUL_MAT"))
+    assert calls["ffn_out-0"] == "k_mul_mat_vec_f16" and calls["attn_out-0"] == "k_mul_mat_vec_rows_f16"
+    assert calls["result_output"] == "k_mul_mat_vec_rows_deep_f16_norm"
+    qwen = _bound_kernels(preset("qwen3-8b", layers=1), s, ("RMS_NORM_MUL_MAT",))["result_output"]
+    assert qwen == "k_mul_mat_vec_rows_f16_norm"
+
+
 #: kernel variants behind cuda_ops' selection constants (off by default; benchmarks/kernel_bench.py
 #: times them): the constants that turn each on, the kernel name part it binds
 VARIANTS = {"attn-gqa": ({"FA_VARIANT": "gqa"}, "k_flash_attn_ext_gqa_"),

@@ -204,6 +204,8 @@ CASES = {
     # 8196 rows: the row-streaming loop's grouped stores end on a partial step of 4 rows
     "mma-rows-f16-partial-step": ("mul-mat-add", lambda: _mul_mat_add("f16", 8196, 256),
                                   "k_mul_mat_vec_rows_f16_add"),
+    # llama-3.1-8b's down projection: row-streaming rows, on the block kernel (cuda_ops.MMV_BLOCK_SHAPES)
+    "mma-block-8b-down": ("mul-mat-add", lambda: _mul_mat_add("f16", 4096, 14336), "k_mul_mat_vec_f16_add"),
     "mma-generic": ("mul-mat-add", lambda: _mul_mat_add("f16", 96, 100), "k_mul_mat_generic_add"),
     "mma-cols": ("mul-mat-add", lambda: _mul_mat_add("f16", 96, 128, input_major=True), "k_mul_mat_cols_add"),
     **{f"glu-{dt}": ("mul-mat-glu", lambda dt=dt: _mul_mat_glu(dt, 384, 2048), f"k_mul_mat_vec_{dt}_glu")
@@ -242,6 +244,9 @@ CASES = {
     "norm-mat-vec-tall": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 8192, 256), "k_mul_mat_vec_rows_f16_norm"),
     "norm-mat-vec-tall-partial-step": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 8196, 256),
                                        "k_mul_mat_vec_rows_f16_norm"),
+    # a Llama 3 lm_head: the deep ring (cuda_ops.HEAD_DEEP_RING)
+    "norm-mat-vec-llama3-head": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 128256, 2048),
+                                 "k_mul_mat_vec_rows_deep_f16_norm"),
     "norm-mat-vec-glu": ("norm-mat-vec", lambda: _norm_mat_vec("f16", 384, 2048, glu=True),
                          "k_mul_mat_vec_f16_glu_norm"),
     "norm-mat-vec-glu-tall": ("norm-mat-vec", lambda: _norm_mat_vec("bf16", 8192, 512, glu=True),

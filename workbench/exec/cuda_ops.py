@@ -29,6 +29,17 @@ MMV_WARPS = 8
 MMV_ROWS_MIN = 2880
 #: rows x columns below which the block mat-vec gives each row 2 warps (_mmv_splits)
 MMV_SPLIT_BELOW = 8192
+#: (rows, K) of mat-vecs at or past MMV_ROWS_MIN rows that take the block kernel all the same:
+#: llama-3.1-8b's down projection, 0.5 % faster a token there in whole decode steps, where
+#: Qwen3-8B's (K = 12288) is 0.8 % slower (H200: benchmarks/grid_ab.py --variants rows / head,
+#: data/bench/grid_ab_rows_h200.md). Measured per shape, so a table and not a rule.
+MMV_BLOCK_SHAPES = frozenset({(4096, 14336)})
+#: (rows, K) of the lm_heads whose fused norm kernel keeps MMV_HEAD_UNROLL loads in flight a lane
+#: (k_mul_mat_vec_rows_deep_*_norm) instead of MMV_ROWS_UNROLL (k_mul_mat_vec_rows_*_norm):
+#: Llama 3's vocabulary, 2.5 % (llama-3.2-1b) and 0.5 % (llama-3.1-8b) faster a token in whole
+#: decode steps; the same depth costs Qwen3-30B-A3B (151936 x 2048) 3.5 % and Qwen3-8B 0.6 %
+#: (same file). Only what was measured to win is listed.
+HEAD_DEEP_RING = frozenset({(128256, 2048), (128256, 4096)})
 #: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
 FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
 #: the vectorized decode kernel (kernels/attn.cu): most warps of one block, warps of a split block,
@@ -526,7 +537,7 @@ def _mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
         if lanes and MMV_SEG_MUL_MAT and not sfx and N < MMV_ROWS_MIN:
             return KernelCall("mul_mat", f"k_mul_mat_vec_seg_{w.dtype}", _seg_grid(N, M, lanes), (32 * MMV_WARPS,),
                               (arg(d, addr), wa, xa, i32(lanes)), None, node.outs)
-        if N >= MMV_ROWS_MIN:
+        if N >= MMV_ROWS_MIN and (N, K) not in MMV_BLOCK_SHAPES:
             rpw = _rows_per_warp(N)
             return KernelCall("mul_mat", f"k_mul_mat_vec_rows_{w.dtype}{sfx}", (ceil(ceil(N / rpw) / MMV_WARPS), M),
                               (32 * MMV_WARPS,), (arg(d, addr), wa, xa, i32(rpw), *extra), None, node.outs)
@@ -651,7 +662,8 @@ def _rms_norm_mul_mat(node: Node, addr: Addr, _: Workspace) -> KernelCall:
     args = (arg(d, addr), *ws, xa, _norm_weight(node, addr, K), f32(node.params["eps"]))
     if not glu and N >= MMV_ROWS_MIN:  # tall (the lm_head): the row-streaming loop, as k_mul_mat_vec_rows_*
         rpw = max(_rows_per_warp(N), ceil(N / (FMV_MAX_BLOCKS * MMV_WARPS)))  # one staging per resident block
-        return KernelCall("fused_mat_vec", f"k_mul_mat_vec_rows_{mats[0].dtype}_norm",
+        deep = "deep_" if (N, K) in HEAD_DEEP_RING else ""
+        return KernelCall("fused_mat_vec", f"k_mul_mat_vec_rows_{deep}{mats[0].dtype}_norm",
                           (ceil(ceil(N / rpw) / MMV_WARPS),), (32 * MMV_WARPS,), (*args, i32(rpw)), None, node.outs)
     args += (i32(splits),)
     return KernelCall("fused_mat_vec", f"k_mul_mat_vec_{mats[0].dtype}{'_glu' if glu else ''}_norm",
