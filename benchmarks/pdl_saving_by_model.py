@@ -16,7 +16,7 @@ It is a lead for the simulator, not a fit. Output: ``data/bench/pdl_saving_by_mo
 
 Usage::
 
-    python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s27c.jsonl] \\
+    python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s28.jsonl] \\
         [--predicted data/bench/sim_fidelity_h200.csv] [--md data/bench/pdl_saving_by_model_h200.md]
 """
 
@@ -81,7 +81,7 @@ def markdown(df: pd.DataFrame, matrix: str, predicted: str) -> str:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s27c.jsonl"))
+    ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s28.jsonl"))
     ap.add_argument("--predicted", default=str(ROOT / "data/bench/sim_fidelity_h200.csv"))
     ap.add_argument("--wave-blocks", type=int, default=4 * 132)
     ap.add_argument("--md", default=None)
