@@ -189,7 +189,7 @@ def test_full_size_llama_binds_the_fused_kernels():
             names[n.name] = call.name
             assert 1 <= call.grid[0] <= cuda_ops.FMV_MAX_BLOCKS
     assert names == {"v_cache_store-0": "k_mul_mat_vec_f16_qkv_rope", "ffn_swiglu-0": "k_mul_mat_vec_f16_glu_norm",
-                     "result_output": "k_mul_mat_vec_rows_f16_norm"}
+                     "result_output": "k_mul_mat_vec_rows_deep_f16_norm"}  # cuda_ops.HEAD_DEEP_RING
 
 
 def test_fused_splits_follow_the_whole_step_measurements():

@@ -165,10 +165,10 @@ def test_pdl_saving_by_model_reproduces_its_committed_table():
     report (measured and predicted saving per kernel, the cuda backend's grids bound on the CPU)."""
     mod = _load("pdl_saving_by_model")
     data = ROOT / "data" / "bench"
-    df = mod.table(data / "decode_matrix_h200_s27c.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
+    df = mod.table(data / "decode_matrix_h200_s28.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
     row = df.set_index("model").loc["llama-3.1-8b/ctx1024/pos600"]
     assert row["kernels"] == 612 and row["measured_ns_per_kernel"] > row["predicted_ns_per_kernel"]
-    md = mod.markdown(df, "decode_matrix_h200_s27c.jsonl", "sim_fidelity_h200.csv")
+    md = mod.markdown(df, "decode_matrix_h200_s28.jsonl", "sim_fidelity_h200.csv")
     assert md == (data / "pdl_saving_by_model_h200.md").read_text()
 
 
@@ -180,9 +180,9 @@ def test_kernel_fidelity_reproduces_its_committed_report():
     data = ROOT / "data" / "bench"
     import pandas as pd
 
-    cmp = mod.compare(pd.read_csv(data / "kernel_timelines_h200_s27.csv.gz"), None, "h200")
+    cmp = mod.compare(pd.read_csv(data / "kernel_timelines_h200_s28.csv.gz"), None, "h200")
     t = mod.tables(cmp)
-    md = mod.markdown(t, "kernel_timelines_h200_s27.csv.gz", "`data/calibration/h200.json`")
+    md = mod.markdown(t, "kernel_timelines_h200_s28.csv.gz", "`data/calibration/h200.json`")
     assert md == (data / "kernel_fidelity_h200.md").read_text()
     k = t["kernels"]
     top_k = k[(k["name"] == "k_argsort_top_k") & (k["strategy"] == "graphs")]

@@ -331,5 +331,5 @@ def test_an_early_launch_slows_only_what_a_start_signal_admits_early() -> None:
     none = replace(cal, ops={k: replace(fc, early_ns=0.0, early_scale=1.0) for k, fc in cal.ops.items()})
     start = Strategy(graphs=True, pdl=True, fusion=frozenset(FUSIONS))
     late = start.with_(pdl_trigger="after-main-loop")
-    assert _us(cfg, start, cal) > _us(cfg, start, none) + 10  # us per token: the fused Q/K/V and mat-vecs
+    assert _us(cfg, start, cal) > _us(cfg, start, none) + 5  # us per token: the fused Q/K/V and mat-vecs
     assert _us(cfg, late, cal) == pytest.approx(_us(cfg, late, none), abs=1e-6)

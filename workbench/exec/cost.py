@@ -313,6 +313,20 @@ def measured_fit(node: Node, cal: Calibration) -> tuple[str, FamilyCost | None]:
     return how, (cal.families if how == "family" else cal.ops)[key]
 
 
+#: executor kernels that differ from another only in the loads a lane keeps in flight
+#: (cuda_ops.HEAD_DEEP_RING): without a fit of their own they take that kernel's
+RING_VARIANTS = (("_rows_deep_", "_rows_"),)
+
+
+def _fit_kernels(kernel: str | None) -> list[str | None]:
+    """``kernel``, then the kernel whose fit a ring variant of it falls back to."""
+    out = [kernel]
+    for variant, base in RING_VARIANTS:
+        if kernel and variant in kernel:
+            out.append(kernel.replace(variant, base))
+    return out
+
+
 def fit_key(node: Node, cal: Calibration) -> tuple[str, str | None]:
     """``measured_fit``'s source and the key of its fit in ``cal.ops`` (``cal.families`` for a
     ``family`` fit; None for ``device``)."""
@@ -325,15 +339,16 @@ def fit_key(node: Node, cal: Calibration) -> tuple[str, str | None]:
                 return "device", None
         return ("family", node.family) if node.family in cal.families else ("device", None)
     op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
+    kernels = _fit_kernels(executor_kernel(node))
     if op != node.op:  # a fused op measured on its own kernel (the calibration's fused run) first
-        for key in (f"{node.op}/{executor_kernel(node)}", node.op):
+        for key in (*(f"{node.op}/{k}" for k in kernels), node.op):
             if key in cal.ops:
                 return "fused op", key
     if any(k.startswith(f"{op}/") for k in cal.ops):
-        kernel = executor_kernel(node)
-        key = f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}"
-        if key in cal.ops:
-            return "op/kernel", key
+        for kernel in kernels:
+            key = f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}"
+            if key in cal.ops:
+                return "op/kernel", key
     if quantized_weight(node):
         return "device", None
     if op in cal.ops:
