@@ -339,13 +339,12 @@ def fit_key(node: Node, cal: Calibration) -> tuple[str, str | None]:
                 return "device", None
         return ("family", node.family) if node.family in cal.families else ("device", None)
     op, sfx = FUSED_BASE.get(node.op, (node.op, ""))
-    kernels = _fit_kernels(executor_kernel(node))
     if op != node.op:  # a fused op measured on its own kernel (the calibration's fused run) first
-        for key in (*(f"{node.op}/{k}" for k in kernels), node.op):
+        for key in (*(f"{node.op}/{k}" for k in _fit_kernels(executor_kernel(node))), node.op):
             if key in cal.ops:
                 return "fused op", key
     if any(k.startswith(f"{op}/") for k in cal.ops):
-        for kernel in kernels:
+        for kernel in _fit_kernels(executor_kernel(node)):
             key = f"{op}/{kernel.removesuffix(sfx) if kernel else kernel}"
             if key in cal.ops:
                 return "op/kernel", key
