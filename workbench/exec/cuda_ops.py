@@ -30,15 +30,14 @@ MMV_ROWS_MIN = 2880
 #: rows x columns below which the block mat-vec gives each row 2 warps (_mmv_splits)
 MMV_SPLIT_BELOW = 8192
 #: (rows, K) of mat-vecs at or past MMV_ROWS_MIN rows that take the block kernel all the same:
-#: llama-3.1-8b's down projection, 0.5 % faster a token there in whole decode steps, where
-#: Qwen3-8B's (K = 12288) is 0.8 % slower (H200: benchmarks/grid_ab.py --variants rows / head,
+#: llama-3.1-8b's down projection, faster there in whole decode steps where Qwen3-8B's (K = 12288)
+#: is slower (benchmarks/grid_ab.py --variants rows / head on an H200,
 #: data/bench/grid_ab_rows_h200.md). Measured per shape, so a table and not a rule.
 MMV_BLOCK_SHAPES = frozenset({(4096, 14336)})
 #: (rows, K) of the lm_heads whose fused norm kernel keeps MMV_HEAD_UNROLL loads in flight a lane
-#: (k_mul_mat_vec_rows_deep_*_norm) instead of MMV_ROWS_UNROLL (k_mul_mat_vec_rows_*_norm):
-#: Llama 3's vocabulary, 2.5 % (llama-3.2-1b) and 0.5 % (llama-3.1-8b) faster a token in whole
-#: decode steps; the same depth costs Qwen3-30B-A3B (151936 x 2048) 3.5 % and Qwen3-8B 0.6 %
-#: (same file). Only what was measured to win is listed.
+#: (k_mul_mat_vec_rows_deep_*_norm) instead of MMV_ROWS_UNROLL (k_mul_mat_vec_rows_*_norm): the
+#: Llama 3 vocabulary, faster in whole decode steps at both widths measured, where the same depth
+#: slows Qwen3's 151936-row lm_heads (same file). Only what was measured to win is listed.
 HEAD_DEEP_RING = frozenset({(128256, 2048), (128256, 4096)})
 #: attention: blocks of 128 threads, head_dim limit, target blocks (2 per SM of a 132-SM GPU)
 FA_THREADS, FA_MAXD, FA_TARGET_BLOCKS = 128, 256, 264
