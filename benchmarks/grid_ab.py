@@ -37,7 +37,7 @@ from fusion_effects import model_config  # noqa: E402
 from host_path_variants import probe_tokens, step_run  # noqa: E402
 
 from workbench.exec import cuda_ops  # noqa: E402
-from workbench.exec.kernels import ModuleCache, compile_options, kernel_source  # noqa: E402
+from workbench.exec.kernels import ModuleCache  # noqa: E402
 from workbench.strategy import ALL_ON_OURS, Strategy  # noqa: E402
 
 BEST = ALL_ON_OURS.with_(pdl_trigger="after-main-loop", logits="zero-copy")
@@ -82,6 +82,11 @@ def _rows_kernel_from(k_min: Callable[[int], int | None]) -> dict[str, Any]:
             cuda_ops.MMV_ROWS_MIN = saved
     return {**cuda_ops._BINDERS, "MUL_MAT": mul_mat, "MUL_MAT_ADD": mul_mat}
 
+
+#: mat-vecs of K >= 8192 under 8193 rows on the block kernel
+_BLOCK_LONGK = _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)
+
+
 class _Every:
     """A shape table that holds every shape."""
 
@@ -123,9 +128,8 @@ VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
     "ring": {"base": (BEST, dict(NO_TABLES)),
              **{f"head_u{u}": (BEST, {**NO_TABLES, "HEAD_DEEP_RING": _Every(), "DEFINES": (f"-DMMV_HEAD_UNROLL={u}",)})
                 for u in (3, 4)},
-             "block_longk": (BEST, {**NO_TABLES, "_BINDERS": _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)}),
-             "block_longk_head_u4": (BEST, {**NO_TABLES, "HEAD_DEEP_RING": _Every(),
-                                            "_BINDERS": _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)}),
+             "block_longk": (BEST, {**NO_TABLES, "_BINDERS": _BLOCK_LONGK}),
+             "block_longk_head_u4": (BEST, {**NO_TABLES, "HEAD_DEEP_RING": _Every(), "_BINDERS": _BLOCK_LONGK}),
              "nopdl_base": (BEST.with_(pdl=False), dict(NO_TABLES)),
              "nopdl_head_u4": (BEST.with_(pdl=False), {**NO_TABLES, "HEAD_DEEP_RING": _Every()})},
     # the measured shape tables (cuda_ops.HEAD_DEEP_RING, MMV_BLOCK_SHAPES) against each emptied,
@@ -136,7 +140,7 @@ VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
              "head_shallow": (BEST, {"HEAD_DEEP_RING": frozenset()}),
              "down_rows": (BEST, {"MMV_BLOCK_SHAPES": frozenset()}),
              "head_deep_all": (BEST, {"HEAD_DEEP_RING": _Every()}),
-             "block_longk": (BEST, {"_BINDERS": _rows_kernel_from(lambda K: 8193 if K >= 8192 else None)}),
+             "block_longk": (BEST, {"_BINDERS": _BLOCK_LONGK}),
              "nopdl_base": (BEST.with_(pdl=False), {}),
              "nopdl_before": (BEST.with_(pdl=False), dict(NO_TABLES))},
 }
@@ -148,17 +152,10 @@ class _DefinedModules(ModuleCache):
 
     def __init__(self, shared: ModuleCache, defines: tuple[str, ...]) -> None:
         super().__init__(shared.cc)
-        self.shared, self.defines = shared, defines
+        self.shared, self.extra_options = shared, defines
 
     def _module(self, mkey: tuple[str, str, str]) -> Any:
-        if mkey[0] not in DEFINED_SOURCES:
-            return self.shared._module(mkey)
-        mod = self._modules.get(mkey)
-        if mod is None:
-            source, wait, trigger = mkey
-            mod = self._modules[mkey] = self._cupy.RawModule(
-                code=kernel_source(source), options=compile_options(wait, trigger, self.cc) + self.defines)
-        return mod
+        return super()._module(mkey) if mkey[0] in DEFINED_SOURCES else self.shared._module(mkey)
 
     def prefetch(self, keys: set[tuple[str, str, str]]) -> None:
         for k in sorted(keys):

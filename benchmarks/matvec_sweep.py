@@ -41,12 +41,12 @@ def main(argv=None) -> int:
     import cupy as cp
 
     cc = device_info().compute_capability
-    mods = {u: cp.RawModule(code=kernel_source("mul_mat"),
-                            options=compile_options("none", "none", cc) + (f"-DMMV_UNROLL={u}",))
-            for u in (2, 4, 8)}
-    rows_mods = {u: cp.RawModule(code=kernel_source("mul_mat"),
-                                 options=compile_options("none", "none", cc) + (f"-DMMV_ROWS_UNROLL={u}",))
-                 for u in (1, 2, 3, 4, 6, 8)}
+
+    def module(define: str) -> object:
+        return cp.RawModule(code=kernel_source("mul_mat"), options=compile_options("none", "none", cc) + (define,))
+
+    mods = {u: module(f"-DMMV_UNROLL={u}") for u in (2, 4, 8)}
+    rows_mods = {u: module(f"-DMMV_ROWS_UNROLL={u}") for u in (1, 2, 3, 4, 6, 8)}
     s = cp.cuda.Stream(non_blocking=True)
     rows = []
     for N, K in shapes:

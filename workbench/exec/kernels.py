@@ -166,6 +166,9 @@ def compile_options(wait: str, trigger: str, cc: tuple[int, int]) -> tuple[str, 
 class ModuleCache:
     """Compiled modules per (source, wait, trigger); functions looked up once."""
 
+    #: NVRTC options added to every compile (a benchmark's ``-D`` variant of the kernels)
+    extra_options: tuple[str, ...] = ()
+
     def __init__(self, cc: tuple[int, int]) -> None:
         import cupy
 
@@ -185,8 +188,8 @@ class ModuleCache:
         mod = self._modules.get(mkey)
         if mod is None:
             source, wait, trigger = mkey
-            mod = self._modules[mkey] = self._cupy.RawModule(code=kernel_source(source),
-                                                             options=compile_options(wait, trigger, self.cc))
+            mod = self._modules[mkey] = self._cupy.RawModule(
+                code=kernel_source(source), options=compile_options(wait, trigger, self.cc) + self.extra_options)
         return mod
 
     def prefetch(self, keys: set[tuple[str, str, str]]) -> None:
