@@ -176,12 +176,13 @@ def calibrate_checks(opts: Mapping[str, Any]) -> None:
     for part in text.split(",") if text is not None else []:
         name, *sizes = part.strip().split(":")
         if not name:
-            raise validate.OptionError(f"--models {text!r}: an empty entry; give preset[:layers[:context]],...")
+            raise validate.OptionError(f"--models {text!r}: an empty entry; give preset[:layers[:context[:pos]]],...")
         if name not in PRESETS:
             raise validate.OptionError(f"--models: unknown preset {name!r}; known: {', '.join(PRESETS)}")
-        if len(sizes) > 2:
-            raise validate.OptionError(f"--models {part.strip()}: too many ':' fields; give preset[:layers[:context]]")
-        for flag, size in zip(("layers", "context"), sizes):
+        if len(sizes) > 3:
+            raise validate.OptionError(f"--models {part.strip()}: too many ':' fields; give "
+                                       "preset[:layers[:context[:pos]]]")
+        for flag, size in zip(("layers", "context", "pos"), sizes):
             if size and not size.isdigit():
                 raise validate.OptionError(f"--models {part.strip()}: {flag} {size!r} is not a number")
 

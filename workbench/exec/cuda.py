@@ -42,6 +42,7 @@ from ..strategy.steps import plan_for
 from .cuda_ops import KernelCall, bind
 from .device import device_info
 from .kernels import CudaBackendError, LaunchHandle, NumbaLaunch, module_cache, numba_module, require_cupy
+from .launch_state import settle_launch_state
 
 KERNEL_SETS = ("cupy", "numba")
 #: persistent buffers are placed at this alignment inside their allocation
@@ -114,6 +115,7 @@ class CudaExecutor:
         if kernels == "numba":
             self._numba = _numba_kernels()
         self.modules = module_cache(self.cc)
+        settle_launch_state()  # time every run in the state a serving process is in (launch_state.py)
         self._plans: dict[int, _Bound] = {}
         self._arena = None
         self._arena_bytes = 0

@@ -27,11 +27,11 @@ class ModelSpec:
 
     @classmethod
     def parse(cls, text: str) -> ModelSpec:
-        """``preset[:layers[:context]]``, as ``--models`` options take it (an empty field: the
-        preset's own)."""
+        """``preset[:layers[:context[:pos]]]``, as ``--models`` options take it (an empty field:
+        the preset's own; ``pos``: the first decode step's KV position, default 0)."""
         name, *sizes = text.strip().split(":")
-        layers, context = ([int(s) if s else None for s in sizes[:2]] + [None, None])[:2]
-        return cls(name, layers, context)
+        layers, context, pos = ([int(s) if s else None for s in sizes[:3]] + [None, None, None])[:3]
+        return cls(name, layers, context, pos or 0)
 
     def config(self) -> ModelConfig:
         return load_config(self.model, layers=self.layers, context=self.context)

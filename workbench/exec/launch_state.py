@@ -1,0 +1,40 @@
+"""The process's CUDA launch state, put where a serving process has it before anything is timed.
+
+Measured on an H200 (``data/bench/launch_state_h200.md``): once a process has launched a few
+dozen kernels outside a CUDA graph on a stream other than the legacy default stream, every later
+graph replay without PDL runs with longer gaps between its kernels (CUPTI: median 96 ns before,
+256 ns after), and ``cudaGraphLaunch`` costs the host about twice as long. The change is
+process-wide (it follows kernels launched on any non-default stream, by any module), it lasts
+(20 s idle later it is still there), and replays with PDL do not show it. So a graph strategy
+measured before the process's first eager run was several per cent faster per token than the
+same strategy measured after it: the lab's speedup tables depended on the order the user ran
+strategies in, and a decode matrix (eager cells first) disagreed with ``workbench run --graphs``.
+
+llama.cpp, like any serving process, launches its eager kernels (warm-up, prompt) on its own
+streams before it replays graphs, so the state after is the one to measure in. The cuda backend
+enters it once per process, before its first run, with a burst of tiny kernels on a side stream;
+every run is then timed in the same state whatever ran before it.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+#: kernels launched to enter the state: 16 gave part of the slowdown on an H200, 64 and more all
+#: of it (``launch_state_h200.md``)
+SETTLE_KERNELS = 256
+
+
+@cache
+def settle_launch_state() -> int:
+    """Launch ``SETTLE_KERNELS`` one-element kernels on a non-blocking side stream and wait for
+    them (about a millisecond, once per process); returns how many were launched."""
+    import cupy as cp
+
+    x = cp.zeros(1, dtype=cp.float32)
+    stream = cp.cuda.Stream(non_blocking=True)
+    with stream:
+        for _ in range(SETTLE_KERNELS):
+            x += 1
+    stream.synchronize()
+    return SETTLE_KERNELS
