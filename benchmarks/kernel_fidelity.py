@@ -7,9 +7,9 @@ token) and the median duration, measured and simulated, and what PDL saves each 
 (``graphs`` -> ``graphs+pdl``, step without less step with).
 
     # GPU machine (about 1 min on an H200): the last traced token's kernels of each run
-    python3 benchmarks/kernel_fidelity.py record --out data/bench/kernel_timelines_h200_s28.csv.gz
+    python3 benchmarks/kernel_fidelity.py record --out data/bench/kernel_timelines_h200_s29.csv.gz
     # anywhere: against the simulator with a calibration (default: the GPU's shipped file)
-    python benchmarks/kernel_fidelity.py report data/bench/kernel_timelines_h200_s28.csv.gz \\
+    python benchmarks/kernel_fidelity.py report data/bench/kernel_timelines_h200_s29.csv.gz \\
         [--calibration FILE] --md data/bench/kernel_fidelity_h200.md
 
 CUPTI traces every kernel of a graph replay here, which adds a little to each (``cupti_kernel_ns``

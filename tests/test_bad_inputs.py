@@ -77,6 +77,8 @@ ERRORS = [
     ("calibrate-from-raw-missing", ["calibrate", "--from-raw", "nothere.json"], ["--from-raw nothere.json"]),
     ("calibrate-models-unknown", ["calibrate", "--models", "llama-tiny,bogus"], ["'bogus'"]),
     ("calibrate-models-layers", ["calibrate", "--models", "llama-tiny:x"], ["llama-tiny:x", "'x'"]),
+    ("calibrate-models-pos", ["calibrate", "--models", "llama-tiny:2:512:p"], ["llama-tiny:2:512:p", "pos 'p'"]),
+    ("calibrate-models-fields", ["calibrate", "--models", "llama-tiny:2:512:8:1"], ["too many", "[:pos]"]),
     ("calibrate-tokens-zero", ["calibrate", "--tokens", "0"], ["--tokens 0"]),
     ("lab-port", ["lab", "--port", "99999", "--dry-run"], ["--port 99999", "65535"]),
 ]

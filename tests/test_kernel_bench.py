@@ -180,9 +180,9 @@ def test_kernel_fidelity_reproduces_its_committed_report():
     data = ROOT / "data" / "bench"
     import pandas as pd
 
-    cmp = mod.compare(pd.read_csv(data / "kernel_timelines_h200_s28.csv.gz"), None, "h200")
+    cmp = mod.compare(pd.read_csv(data / "kernel_timelines_h200_s29.csv.gz"), None, "h200")
     t = mod.tables(cmp)
-    md = mod.markdown(t, "kernel_timelines_h200_s28.csv.gz", "`data/calibration/h200.json`")
+    md = mod.markdown(t, "kernel_timelines_h200_s29.csv.gz", "`data/calibration/h200.json`")
     assert md == (data / "kernel_fidelity_h200.md").read_text()
     k = t["kernels"]
     top_k = k[(k["name"] == "k_argsort_top_k") & (k["strategy"] == "graphs")]

@@ -20,8 +20,8 @@ from __future__ import annotations
 
 from functools import cache
 
-#: kernels launched to enter the state: 16 gave part of the slowdown on an H200, 64 and more all
-#: of it (``launch_state_h200.md``)
+#: kernels launched to enter the state: 16 already gave most of the slowdown on an H200, 64 to 700
+#: all of it (``data/bench/launch_state_h200.md``)
 SETTLE_KERNELS = 256
 
 

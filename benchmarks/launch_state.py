@@ -1,0 +1,117 @@
+"""Graph replays before and after a process's first eager kernels on a non-default stream.
+
+Measured on an H200 (``data/bench/launch_state_h200.md``): a process that has launched a few
+dozen kernels outside a CUDA graph on any stream but the legacy default one replays its graphs
+without PDL with longer gaps between kernels for the rest of its life. The cuda backend therefore
+enters that state before its first run (``workbench/exec/launch_state.py``); this script turns
+that off (``--fresh``) to show the effect, one fresh process per variant:
+
+* ``none``: nothing between the two measurements;
+* ``null<N>``: N one-element CuPy kernels on the legacy default stream;
+* ``side<N>``: N such kernels on a new non-blocking stream;
+* ``eager``: a 4-token run of the eager strategy (an executor sharing the weights).
+
+Each variant times ``graphs`` and ``graphs+pdl`` (interleaved runs of 64 tokens, median) before
+and after, and prints one JSON line. Without ``--fresh`` the backend settles the state itself,
+so every variant should show no change.
+
+    # GPU machine, about 15 s a variant on llama-3.2-1b
+    python3 benchmarks/launch_state.py --fresh --variants none,null700,side16,side256,eager --jsonl OUT
+    python3 benchmarks/launch_state.py --variants none,eager --jsonl OUT      # settled: no change
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+NAMES = ("graphs", "graphs+pdl")
+
+
+def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
+    """Measure ``variant`` in this process (call it in a fresh one)."""
+    import cupy as cp
+    import numpy as np
+    from sim_fidelity import MODELS, STRATEGIES
+
+    import workbench
+    import workbench.exec.cuda as cuda_module
+    from workbench.exec.calibrate.environment import warm_gpu
+    from workbench.strategy import Strategy
+
+    if fresh:
+        cuda_module.settle_launch_state = lambda: 0
+    spec = {s.model: s for s, _, _ in MODELS}[model]
+    cfg = spec.config()
+    warm_gpu()
+    exs: list = []
+    for n in NAMES:
+        exs.append(cuda_module.CudaExecutor(cfg, STRATEGIES[n], "device", 0, share=exs[0] if exs else None))
+        workbench.run(cfg, STRATEGIES[n], tokens=4, start_pos=spec.pos, backend="cuda", executor=exs[-1], quiet=True)
+
+    def measure() -> dict[str, float]:
+        us: dict[str, list[float]] = {n: [] for n in NAMES}
+        for _ in range(runs):
+            for ex, n in zip(exs, NAMES):
+                us[n].append(workbench.run(cfg, STRATEGIES[n], tokens=64, start_pos=spec.pos, backend="cuda",
+                                           executor=ex, quiet=True).stats["us_per_token"])
+        return {n: round(float(np.median(v)), 1) for n, v in us.items()}
+
+    before = measure()
+    x = cp.zeros(1, cp.float32)
+    if variant.startswith("null"):
+        for _ in range(int(variant[4:])):
+            x += 1
+    elif variant.startswith("side"):
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            for _ in range(int(variant[4:])):
+                x += 1
+        stream.synchronize()
+    elif variant == "eager":
+        ex = cuda_module.CudaExecutor(cfg, Strategy(), "device", 0, share=exs[0])
+        workbench.run(cfg, Strategy(), tokens=4, start_pos=spec.pos, backend="cuda", executor=ex, quiet=True)
+        ex.release()
+    elif variant != "none":
+        raise ValueError(f"unknown variant {variant!r}: none, null<N>, side<N> or eager")
+    cp.cuda.Device().synchronize()
+    after = measure()
+    for ex in reversed(exs):
+        ex.release()
+    return {"model": spec.label, "variant": variant, "fresh": fresh,
+            **{f"{n} before": before[n] for n in NAMES}, **{f"{n} after": after[n] for n in NAMES},
+            **{f"{n} change_pct": round(100 * (after[n] / before[n] - 1), 1) for n in NAMES}}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", default="llama-3.2-1b", help="a model of sim_fidelity.MODELS")
+    ap.add_argument("--variants", default="none,null700,side16,side256,eager")
+    ap.add_argument("--fresh", action="store_true", help="do not let the backend settle the launch state")
+    ap.add_argument("--runs", type=int, default=5, help="runs of 64 tokens per strategy, before and after")
+    ap.add_argument("--jsonl", help="append the results here")
+    ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this variant in this process
+    a = ap.parse_args()
+    if a.one:
+        print(json.dumps(one(a.model, a.one, a.fresh, a.runs)), flush=True)
+        return 0
+    for v in a.variants.split(","):
+        cmd = [sys.executable, __file__, "--model", a.model, "--one", v, "--runs", str(a.runs)]
+        cmd += ["--fresh"] if a.fresh else []
+        out = subprocess.run(cmd, capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+        print(out, flush=True)
+        if a.jsonl:
+            with open(a.jsonl, "a") as f:
+                f.write(out + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
