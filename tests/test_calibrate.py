@@ -244,3 +244,12 @@ def test_token_overhead_is_the_steps_own_host_work() -> None:
     assert n == 16 and 0 < inside < 10_000 and between > 20_000  # 2.9 us inside a step, 32 us between steps
     assert load_calibration("h200").host.token_overhead_ns == pytest.approx(inside, abs=0.1)
     assert step_host_ns({"runs": [], "host_ops": []}, 0.0)[1] == 0  # older raw files: the earlier rules
+def test_model_spec_parses_layers_context_and_pos():
+    """``--models preset[:layers[:context[:pos]]]``: empty fields keep the preset's own, pos is the
+    first decode step (a second KV length of one model, e.g. for decode attention's fit)."""
+    from workbench.exec.calibrate.specs import ModelSpec
+
+    assert ModelSpec.parse("llama-3.1-8b:2:1024:600") == ModelSpec("llama-3.1-8b", 2, 1024, 600)
+    assert ModelSpec.parse("llama-3.1-8b::1024") == ModelSpec("llama-3.1-8b", None, 1024, 0)
+    assert ModelSpec.parse("qwen3-8b") == ModelSpec("qwen3-8b", None, None, 0)
+    assert ModelSpec.parse("llama-3.1-8b:2:1024:600").label == "llama-3.1-8b/L2/ctx1024/pos600"
