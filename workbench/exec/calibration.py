@@ -97,6 +97,8 @@ class Calibration:
     pcie_GBps: float
     memcpy_latency_ns: float
     kernel_fixed_ns: float
+    #: between dependent kernels of a graph replay, in the settled launch state every cuda-backend
+    #: run is timed in (``launch_state.py``; a process with no eager launches yet has shorter gaps)
     dependency_gap_ns: float
     launch_latency_ns: float
     graph_launch_latency_ns: float
