@@ -146,11 +146,15 @@ class CudaExecutor:
     # -- memory --------------------------------------------------------------------------------
     def _check_fits(self, cfg: ModelConfig) -> None:
         """A clear error, before allocating, when the model cannot fit in GPU memory (scratch
-        counted as if nothing were reused: an upper bound of any allocator's arena)."""
+        counted as if nothing were reused: an upper bound of any allocator's arena). Blocks CuPy's
+        pool keeps from released executors count as free: they are handed back first."""
         free, total = self.cp.cuda.runtime.memGetInfo()
         bufs = self.full.buffers().values()
         persistent = {b.name: _align(b.nbytes) for b in bufs if b.persistent}
         need = sum(persistent.values()) + sum(_align(b.nbytes) for b in bufs if not b.persistent)
+        if need > free * MEMORY_HEADROOM and self.cp.get_default_memory_pool().free_bytes():
+            self.cp.get_default_memory_pool().free_all_blocks()
+            free, total = self.cp.cuda.runtime.memGetInfo()
         if need <= free * MEMORY_HEADROOM:
             return
         layer_bytes = sum(n for name, n in persistent.items() if ".layers." in name or name.startswith("cache_"))
