@@ -35,7 +35,7 @@ def configure(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tokens", type=int, default=12, help="decode steps per traced executor run (default 12)")
     p.add_argument("--check", action="store_true", help="after fitting, predict every calibration run of the raw "
                                                         "measurements with the fitted file and print the errors")
-    default = ",".join(f"{s.model}:{s.layers}:{s.context}" for s in CALIBRATION_MODELS)
+    default = ",".join(f"{s.model}:{s.layers}:{s.context}:{s.pos}" for s in CALIBRATION_MODELS)
     p.add_argument("--models", help=f"comma-separated preset[:layers[:context[:pos]]] to measure (default {default})")
     g = p.add_argument_group("--target llamacpp")
     g.add_argument("--from-traces", metavar="DIR", help="fit from llama.cpp timelines recorded before (a folder of "
