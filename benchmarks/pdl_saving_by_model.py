@@ -12,12 +12,18 @@ about 535 ns with the one before), while the GPU's differs by model (515-879 ns 
   and the share of kernels with more blocks than ``--wave-blocks`` (one resident wave at 4 blocks
   an SM of a 132-SM GPU by default).
 
+and, from CUPTI timelines of the same models (``kernel_fidelity.py record``), what PDL saves each
+kernel's end-to-end step (its end after the previous kernel's end): small kernels as one class,
+the large ones (``LARGE_NS`` or longer under graphs) by node with their grids, where the
+models differ.
+
 It is a lead for the simulator, not a fit. Output: ``data/bench/pdl_saving_by_model_h200.md``.
 
 Usage::
 
     python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s28.jsonl] \\
-        [--predicted data/bench/sim_fidelity_h200.csv] [--md data/bench/pdl_saving_by_model_h200.md]
+        [--predicted data/bench/sim_fidelity_h200.csv] [--timelines data/bench/kernel_timelines_h200_s29.csv.gz] \\
+        [--md data/bench/pdl_saving_by_model_h200.md]
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import pandas as pd
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from workbench.exec import cuda_ops  # noqa: E402
 from workbench.exec.calibrate.decode_matrix import read_matrix  # noqa: E402
@@ -39,14 +46,21 @@ from workbench.strategy import Strategy, compile_plan  # noqa: E402
 from workbench.trace.analysis import to_markdown  # noqa: E402
 
 PAIR = ("graphs", "graphs+pdl")
+#: a kernel at least this long under graphs (ns) is listed by node in the timeline table
+LARGE_NS = 4000
+
+
+def node_blocks(model: str, layers: int | None, context: int, pos: int) -> dict[str, int]:
+    """Blocks of every kernel of the cuda backend's ``graphs+pdl`` Plan by node, bound without a GPU."""
+    cfg = preset(model, layers=layers, context=context)
+    plan = compile_plan(build_graph(cfg, cfg.kv_len(pos)), Strategy(graphs=True, pdl=True))
+    return {la.node.name: int(np.prod(cuda_ops.bind(la.node, lambda v: 1 << 20, lambda key, n: 0).grid))
+            for la in plan.launches}
 
 
 def grid_blocks(model: str, layers: int | None, context: int, pos: int) -> np.ndarray:
     """Blocks of every kernel of the cuda backend's ``graphs+pdl`` Plan, bound without a GPU."""
-    cfg = preset(model, layers=layers, context=context)
-    plan = compile_plan(build_graph(cfg, cfg.kv_len(pos)), Strategy(graphs=True, pdl=True))
-    return np.array([int(np.prod(cuda_ops.bind(la.node, lambda v: 1 << 20, lambda key, n: 0).grid))
-                     for la in plan.launches])
+    return np.array(list(node_blocks(model, layers, context, pos).values()))
 
 
 def table(matrix: Path, predicted: Path, wave_blocks: int) -> pd.DataFrame:
@@ -71,23 +85,72 @@ def table(matrix: Path, predicted: Path, wave_blocks: int) -> pd.DataFrame:
     return pd.DataFrame(rows).sort_values("measured_ns_per_kernel")
 
 
-def markdown(df: pd.DataFrame, matrix: str, predicted: str) -> str:
-    return (f"# PDL's saving per kernel under graphs, by model (`{PAIR[0]}` -> `{PAIR[1]}`)\n\n"
+def node_savings(timelines: Path) -> pd.DataFrame:
+    """One row per kernel of each model's traced token (but its first): what PDL saves its end-to-end
+    step, its duration under graphs and its grid's blocks."""
+    from sim_fidelity import MODELS
+
+    specs = {spec.label: spec for spec, _, _ in MODELS}
+    d = pd.read_csv(timelines)
+    rows = []
+    for label, g in d.groupby("model", sort=False):
+        spec = specs[label]
+        blocks = node_blocks(spec.model, spec.layers, spec.context, spec.pos)
+        a = g[g["strategy"] == PAIR[0]].sort_values("end_ns").reset_index(drop=True)
+        b = g[g["strategy"] == PAIR[1]].set_index("node").loc[a["node"]].reset_index()
+        step_a, step_b = a["end_ns"].diff(), b["end_ns"].diff()
+        rows.append(pd.DataFrame({"model": label, "node": a["node"].str.replace(r"-\d+$", "", regex=True),
+                                  "kernel": a["name"], "blocks": a["node"].map(blocks),
+                                  "duration_ns": a["end_ns"] - a["start_ns"], "saved_ns": step_a - step_b}).iloc[1:])
+    return pd.concat(rows, ignore_index=True)
+
+
+def timeline_tables(timelines: Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(per model: small kernels' and large kernels' saving; per large node: its saving and grid)."""
+    k = node_savings(timelines)
+    large = k["duration_ns"] >= LARGE_NS
+    by_model = pd.DataFrame({
+        "small_kernels": k[~large].groupby("model", sort=False).size(),
+        "small_median_saved_ns": k[~large].groupby("model", sort=False)["saved_ns"].median(),
+        "large_kernels": k[large].groupby("model", sort=False).size(),
+        "large_saved_us": k[large].groupby("model", sort=False)["saved_ns"].sum() / 1e3,
+    }).reset_index()
+    by_node = (k[large].groupby(["model", "node", "kernel"], sort=False)
+               .agg(n=("saved_ns", "size"), blocks=("blocks", "first"), median_duration_ns=("duration_ns", "median"),
+                    median_saved_ns=("saved_ns", "median")).reset_index())
+    return by_model, by_node
+
+
+def markdown(df: pd.DataFrame, matrix: str, predicted: str,
+             timelines: tuple[str, pd.DataFrame, pd.DataFrame] | None = None) -> str:
+    text = (f"# PDL's saving per kernel under graphs, by model (`{PAIR[0]}` -> `{PAIR[1]}`)\n\n"
             f"Measured: `{matrix}`; predicted: `{predicted}` (the simulator with that report's calibration); "
             "grids: the cuda backend's kernels for the same Plan, bound on the CPU by today's code (the matrix ran "
             "the kernels of its own date). Written by `benchmarks/pdl_saving_by_model.py`.\n\n"
             + to_markdown(df, digits=3) + "\n")
+    if timelines is None:
+        return text
+    name, by_model, by_node = timelines
+    return (text + f"\n## Kernel by kernel (`{name}`)\n\n"
+            "CUPTI timelines of one token (the settled launch state, `launch_state_h200.md`): what PDL saves each "
+            "kernel's end-to-end step (its end after the previous kernel's end, graphs less graphs+pdl; CUPTI "
+            f"adds to every kernel, so these run above the wall-clock savings). Kernels shorter than {LARGE_NS} ns "
+            "under graphs as one class, the longer ones by node:\n\n"
+            + to_markdown(by_model, digits=1) + "\n\n" + to_markdown(by_node, digits=1) + "\n")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s28.jsonl"))
     ap.add_argument("--predicted", default=str(ROOT / "data/bench/sim_fidelity_h200.csv"))
+    ap.add_argument("--timelines", default=str(ROOT / "data/bench/kernel_timelines_h200_s29.csv.gz"),
+                    help="CUPTI timelines of the same models (kernel_fidelity.py record); '' for none")
     ap.add_argument("--wave-blocks", type=int, default=4 * 132)
     ap.add_argument("--md", default=None)
     args = ap.parse_args()
     df = table(Path(args.matrix), Path(args.predicted), args.wave_blocks)
-    text = markdown(df, Path(args.matrix).name, Path(args.predicted).name)
+    tl = (Path(args.timelines).name, *timeline_tables(Path(args.timelines))) if args.timelines else None
+    text = markdown(df, Path(args.matrix).name, Path(args.predicted).name, tl)
     print(text)
     if args.md:
         Path(args.md).write_text(text)
