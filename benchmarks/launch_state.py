@@ -47,7 +47,7 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
     from workbench.strategy import Strategy
 
     if fresh:
-        cuda_module.settle_launch_state = lambda: 0
+        cuda_module.settle_launch_state = lambda device=0: 0
     spec = {s.model: s for s, _, _ in MODELS}[model]
     cfg = spec.config()
     warm_gpu()

@@ -10,6 +10,7 @@ from workbench.strategy import Strategy
 
 def test_settled_once_per_process_by_the_executor():
     from workbench.exec.cuda import CudaExecutor
+    from workbench.exec.device import device_info
 
     cfg = preset("llama-tiny")
     ex = CudaExecutor(cfg, Strategy(graphs=True), "device")
@@ -17,7 +18,7 @@ def test_settled_once_per_process_by_the_executor():
         info = settle_launch_state.cache_info()
         assert info.currsize == 1  # the executor settled it
         hits = info.hits
-        assert settle_launch_state() == SETTLE_KERNELS
+        assert settle_launch_state(device_info().index) == SETTLE_KERNELS
         assert settle_launch_state.cache_info().hits == hits + 1  # not launched again
         CudaExecutor(cfg, Strategy(), "device", share=ex).release()
         assert settle_launch_state.cache_info().misses == 1

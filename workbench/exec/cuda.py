@@ -115,7 +115,7 @@ class CudaExecutor:
         if kernels == "numba":
             self._numba = _numba_kernels()
         self.modules = module_cache(self.cc)
-        settle_launch_state()  # time every run in the state a serving process is in (launch_state.py)
+        settle_launch_state(info.index)  # time every run in a serving process's launch state (launch_state.py)
         self._plans: dict[int, _Bound] = {}
         self._arena = None
         self._arena_bytes = 0

@@ -26,15 +26,17 @@ SETTLE_KERNELS = 256
 
 
 @cache
-def settle_launch_state() -> int:
-    """Launch ``SETTLE_KERNELS`` one-element kernels on a non-blocking side stream and wait for
-    them (about a millisecond, once per process); returns how many were launched."""
+def settle_launch_state(device: int = 0) -> int:
+    """Launch ``SETTLE_KERNELS`` one-element kernels on a non-blocking side stream of ``device``
+    and wait for them (about a millisecond, once per process and device: the state is a CUDA
+    context's); returns how many were launched."""
     import cupy as cp
 
-    x = cp.zeros(1, dtype=cp.float32)
-    stream = cp.cuda.Stream(non_blocking=True)
-    with stream:
-        for _ in range(SETTLE_KERNELS):
-            x += 1
-    stream.synchronize()
+    with cp.cuda.Device(device):
+        x = cp.zeros(1, dtype=cp.float32)
+        stream = cp.cuda.Stream(non_blocking=True)
+        with stream:
+            for _ in range(SETTLE_KERNELS):
+                x += 1
+        stream.synchronize()
     return SETTLE_KERNELS
