@@ -3,7 +3,7 @@
 Measured on an H200 (``data/bench/launch_state_h200.md``): once a process has launched a few
 dozen kernels outside a CUDA graph on a stream other than the legacy default stream, every later
 graph replay without PDL runs with longer gaps between its kernels (CUPTI: median 96 ns before,
-256 ns after), and ``cudaGraphLaunch`` costs the host about twice as long. The change is
+256 ns after), and ``cudaGraphLaunch`` costs the host about twice as long (traced). The change is
 process-wide (it follows kernels launched on any non-default stream, by any module), it lasts
 (20 s idle later it is still there), and replays with PDL do not show it. So a graph strategy
 measured before the process's first eager run was several per cent faster per token than the
