@@ -65,10 +65,12 @@ def record(out: Path, tokens: int = 8, budget_s: float = 300.0) -> None:
 def steps(k: pd.DataFrame) -> pd.DataFrame:
     """Per node: kernel name, duration and step (end after the previous end on its stream)."""
     k = k.sort_values("start_ns", kind="stable")
-    prev = k.groupby("stream")["end_ns"].shift(1)
+    # ends from the token's first start: a shift (NaN, so float64) of CUPTI's ~1.8e18 ns stamps
+    # would round every step to float64's 256 ns spacing there
+    end = k["end_ns"] - k["start_ns"].min()
     return pd.DataFrame({"node": k["node"].to_numpy(), "name": k["name"].to_numpy(),
                          "dur": (k["end_ns"] - k["start_ns"]).to_numpy(),
-                         "step": (k["end_ns"] - prev).to_numpy()}).set_index("node")
+                         "step": (end - end.groupby(k["stream"]).shift(1)).to_numpy()}).set_index("node")
 
 
 def compare(measured: pd.DataFrame, calibration: str | None, gpu: str) -> pd.DataFrame:

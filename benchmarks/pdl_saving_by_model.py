@@ -88,6 +88,7 @@ def table(matrix: Path, predicted: Path, wave_blocks: int) -> pd.DataFrame:
 def node_savings(timelines: Path) -> pd.DataFrame:
     """One row per kernel of each model's traced token (but its first): what PDL saves its end-to-end
     step, its duration under graphs and its grid's blocks."""
+    from kernel_fidelity import steps
     from sim_fidelity import MODELS
 
     specs = {spec.label: spec for spec, _, _ in MODELS}
@@ -96,12 +97,12 @@ def node_savings(timelines: Path) -> pd.DataFrame:
     for label, g in d.groupby("model", sort=False):
         spec = specs[label]
         blocks = node_blocks(spec.model, spec.layers, spec.context, spec.pos)
-        a = g[g["strategy"] == PAIR[0]].sort_values("end_ns").reset_index(drop=True)
-        b = g[g["strategy"] == PAIR[1]].set_index("node").loc[a["node"]].reset_index()
-        step_a, step_b = a["end_ns"].diff(), b["end_ns"].diff()
-        rows.append(pd.DataFrame({"model": label, "node": a["node"].str.replace(r"-\d+$", "", regex=True),
-                                  "kernel": a["name"], "blocks": a["node"].map(blocks),
-                                  "duration_ns": a["end_ns"] - a["start_ns"], "saved_ns": step_a - step_b}).iloc[1:])
+        a = steps(g[g["strategy"] == PAIR[0]])
+        b = steps(g[g["strategy"] == PAIR[1]]).loc[a.index]
+        rows.append(pd.DataFrame({"model": label, "node": a.index.str.replace(r"-\d+$", "", regex=True),
+                                  "kernel": a["name"].to_numpy(), "blocks": a.index.map(blocks),
+                                  "duration_ns": a["dur"].to_numpy(),
+                                  "saved_ns": (a["step"] - b["step"]).to_numpy()}).dropna(subset=["saved_ns"]))
     return pd.concat(rows, ignore_index=True)
 
 
