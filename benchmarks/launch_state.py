@@ -44,6 +44,7 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
     import workbench
     import workbench.exec.cuda as cuda_module
     from workbench.exec.calibrate.environment import warm_gpu
+    from workbench.exec.launch_state import side_stream_kernels
     from workbench.strategy import Strategy
 
     if fresh:
@@ -70,11 +71,7 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
         for _ in range(int(variant[4:])):
             x += 1
     elif variant.startswith("side"):
-        stream = cp.cuda.Stream(non_blocking=True)
-        with stream:
-            for _ in range(int(variant[4:])):
-                x += 1
-        stream.synchronize()
+        side_stream_kernels(int(variant[4:]))
     elif variant == "eager":
         ex = cuda_module.CudaExecutor(cfg, Strategy(), "device", 0, share=exs[0])
         workbench.run(cfg, Strategy(), tokens=4, start_pos=spec.pos, backend="cuda", executor=ex, quiet=True)

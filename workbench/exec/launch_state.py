@@ -25,18 +25,23 @@ from functools import cache
 SETTLE_KERNELS = 256
 
 
-@cache
-def settle_launch_state(device: int = 0) -> int:
-    """Launch ``SETTLE_KERNELS`` one-element kernels on a non-blocking side stream of ``device``
-    and wait for them (about a millisecond, once per process and device: the state is a CUDA
-    context's); returns how many were launched."""
+def side_stream_kernels(n: int, device: int = 0) -> int:
+    """Launch ``n`` one-element kernels on a new non-blocking stream of ``device`` and wait for
+    them; returns ``n``."""
     import cupy as cp
 
     with cp.cuda.Device(device):
         x = cp.zeros(1, dtype=cp.float32)
         stream = cp.cuda.Stream(non_blocking=True)
         with stream:
-            for _ in range(SETTLE_KERNELS):
+            for _ in range(n):
                 x += 1
         stream.synchronize()
-    return SETTLE_KERNELS
+    return n
+
+
+@cache
+def settle_launch_state(device: int = 0) -> int:
+    """``SETTLE_KERNELS`` side-stream kernels on ``device`` (about a millisecond, once per process
+    and device: the state is a CUDA context's); returns how many were launched."""
+    return side_stream_kernels(SETTLE_KERNELS, device)
