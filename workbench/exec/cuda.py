@@ -32,7 +32,7 @@ from typing import Any
 
 import numpy as np
 
-from ..graph import DTYPES, View
+from ..graph import DTYPES, Graph, View
 from ..models import ModelConfig, build_graph
 from ..models.blocks import step_input_names, write_step_inputs
 from ..models.weights import device_weight, model_weights, to_storage
@@ -50,6 +50,12 @@ ALIGN = 256
 #: share of the free GPU memory a run may plan to use (the rest: CUDA context, CuPy pool, graphs)
 MEMORY_HEADROOM = 0.92
 H2D, D2H = 1, 2
+
+
+def memory_need(graph: Graph) -> int:
+    """GPU bytes an executor of this graph allocates at most: every buffer aligned, scratch
+    counted as if nothing were reused (an upper bound of any allocator's arena)."""
+    return sum(_align(b.nbytes) for b in graph.buffers().values())
 
 
 @dataclass
@@ -151,7 +157,7 @@ class CudaExecutor:
         free, total = self.cp.cuda.runtime.memGetInfo()
         bufs = self.full.buffers().values()
         persistent = {b.name: _align(b.nbytes) for b in bufs if b.persistent}
-        need = sum(persistent.values()) + sum(_align(b.nbytes) for b in bufs if not b.persistent)
+        need = memory_need(self.full)
         if need > free * MEMORY_HEADROOM and self.cp.get_default_memory_pool().free_bytes():
             self.cp.get_default_memory_pool().free_all_blocks()
             free, total = self.cp.cuda.runtime.memGetInfo()
