@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from sim_fidelity import MODELS, STRATEGIES  # noqa: E402
 
 import workbench  # noqa: E402
+from workbench.trace import rebased  # noqa: E402
 from workbench.trace.analysis import to_markdown  # noqa: E402
 
 #: the strategies compared: graph replay alone, with PDL, with every fusion
@@ -64,10 +65,8 @@ def record(out: Path, tokens: int = 8, budget_s: float = 300.0) -> None:
 
 def steps(k: pd.DataFrame) -> pd.DataFrame:
     """Per node: kernel name, duration and step (end after the previous end on its stream)."""
-    k = k.sort_values("start_ns", kind="stable")
-    # ends from the token's first start: a shift (NaN, so float64) of CUPTI's ~1.8e18 ns stamps
-    # would round every step to float64's 256 ns spacing there
-    end = k["end_ns"] - k["start_ns"].min()
+    k = rebased(k).sort_values("start_ns", kind="stable")
+    end = k["end_ns"]
     return pd.DataFrame({"node": k["node"].to_numpy(), "name": k["name"].to_numpy(),
                          "dur": (k["end_ns"] - k["start_ns"]).to_numpy(),
                          "step": (end - end.groupby(k["stream"]).shift(1)).to_numpy()}).set_index("node")

@@ -24,12 +24,15 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from pdl_placement import BASE  # noqa: E402
 
+from workbench.trace import rebased  # noqa: E402
+
 TRIGGERS = ("start", "after-main-loop", "end")
 
 
 def steps(events: pd.DataFrame, first_token: int) -> pd.DataFrame:
     """Median step (us) per (node family, kernel) over the tokens from ``first_token``."""
-    k = events[(events["kind"] == "kernel") & (events["token"] >= first_token)].sort_values("start_ns")
+    k = rebased(events)  # CUPTI's ~1.8e18 ns stamps would step in 256 ns once the shift makes them float
+    k = k[(k["kind"] == "kernel") & (k["token"] >= first_token)].sort_values("start_ns")
     k = k.assign(step=(k["end_ns"] - k.groupby(["token", "stream"])["end_ns"].shift(1)) / 1e3,
                  fam=k["node"].str.replace(r"-\d+(_\w+)?$", "", regex=True))
     return k.groupby(["fam", "name"])["step"].median().reset_index()

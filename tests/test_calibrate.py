@@ -17,6 +17,7 @@ from workbench.exec.calibrate.specs import CALIBRATION_STRATEGIES, ModelSpec
 from workbench.exec.calibrate.tables import trace_tables
 from workbench.exec.calibration import CALIBRATION_DIR, FamilyCost, load_calibration, parse_calibration
 from workbench.exec.cost import STAGED_OPS
+from workbench.trace import Trace
 
 EARLY = 1.4
 HOOK_NS = 700.0  # what timing one host op costs in the host-clock pass (the fit takes it off)
@@ -76,7 +77,19 @@ def _host_ops_of(trace, hook_ns: float = 0.0) -> list[dict]:
     return out
 
 
-@pytest.fixture(scope="module", params=["cupti-periods", "host-clock"])
+#: a CUPTI timestamp of an H200 run (ns since the epoch): float64's spacing there is 256 ns
+CUPTI_EPOCH_NS = 1_795_917_429_777_295_744
+
+
+def _at_cupti_epoch(trace):
+    """The simulated trace with its stamps where CUPTI's are: the fit must still read every gap,
+    step and period to the ns (a float64 step on the way rounded them all to 256 ns once)."""
+    ev = trace.events
+    return Trace(ev.assign(start_ns=ev["start_ns"] + CUPTI_EPOCH_NS, end_ns=ev["end_ns"] + CUPTI_EPOCH_NS),
+                 dict(trace.meta))
+
+
+@pytest.fixture(scope="module", params=["cupti-periods", "host-clock", "cupti-epoch"])
 def round_trip(request) -> tuple[dict, object]:
     cal = load_calibration(path=DATASHEET_H100)
     # one fit with an early-launch scale: a fused Q/K/V kernel PDL starts early runs 1.4x its work
@@ -95,7 +108,8 @@ def round_trip(request) -> tuple[dict, object]:
                 steady = [o for o in info["host_ops"] if o["token"] > first]
                 per_token = len(steady) / len({o["token"] for o in steady})
                 info["hooked_us_per_token"] = run.stats["us_per_token"] + per_token * HOOK_NS / 1e3
-            runs.append((spec, label, run.trace, info))
+            trace = _at_cupti_epoch(run.trace) if request.param == "cupti-epoch" else run.trace
+            runs.append((spec, label, trace, info))
     raw = {"environment": {"gpu_name": "simulated H100", "date": "2026-01-01T00:00:00"}, "gpu": "h100",
            "device": _synthetic_probes(cal), **trace_tables(runs)}
     base = json.loads(DATASHEET_H100.read_text())
@@ -251,3 +265,22 @@ def test_model_spec_parses_layers_context_and_pos():
     assert ModelSpec.parse("llama-3.1-8b::1024") == ModelSpec("llama-3.1-8b", None, 1024, 0)
     assert ModelSpec.parse("qwen3-8b") == ModelSpec("qwen3-8b", None, None, 0)
     assert ModelSpec.parse("llama-3.1-8b:2:1024:600").label == "llama-3.1-8b/L2/ctx1024/pos600"
+
+
+def test_probe_and_token_times_are_exact_at_cuptis_epoch() -> None:
+    """A chain of PDL spin kernels started 700 ns apart, stamped as CUPTI stamps them: the probe
+    summary reads 700 (not float64's nearest multiple of 256), and so do the token times."""
+    from workbench.exec.calibrate.probes import probe_summary
+    from workbench.trace.analysis import token_spans
+
+    t0 = CUPTI_EPOCH_NS + 37
+    ev = [{"row": "Stream 7", "kind": "kernel", "name": "spin", "stream": 7, "token": 0, "corr_id": i,
+           "start_ns": t0 + 700 * i, "end_ns": t0 + 700 * i + 1000} for i in range(16)]
+    ev += [{"row": "Stream 7", "kind": "kernel", "name": "k", "stream": 7, "token": 1 + i, "corr_id": 100 + i,
+            "start_ns": t0 + 20_000 + 1_000_099 * i, "end_ns": t0 + 20_500 + 1_000_099 * i} for i in range(4)]
+    s = probe_summary(Trace.from_records(ev), ["graph_spin_pdl"])
+    assert s["spin_pdl_start_to_start_ns"] == 700
+    assert s["spin_pdl_end_to_end_ns"] == 700
+    spans = token_spans(Trace.from_records(ev))
+    assert spans["time_ns"].iloc[1] == 1_000_099  # token 1's start to token 2's, to the ns
+    assert spans["start_ns"].iloc[0] == t0

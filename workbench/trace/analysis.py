@@ -20,7 +20,7 @@ import pandas as pd
 from ..graph.ops import OPS
 from .layout import is_device_row
 from .stats import device_gaps, merged_intervals, us_per_token
-from .table import Trace
+from .table import Trace, rebased
 
 # --------------------------------------------------------------------------- helpers
 
@@ -32,12 +32,14 @@ def token_spans(trace: Trace) -> pd.DataFrame:
     ev = ev[ev["token"] >= 0]
     if ev.empty:
         return pd.DataFrame(columns=["token", "start_ns", "end_ns", "time_ns"])
+    origin = int(ev["start_ns"].min())
+    ev = rebased(ev, origin)  # the shift below makes floats: exact only for small stamps
     g = ev.groupby("token")
     out = pd.DataFrame({"start_ns": g["start_ns"].min(), "end_ns": g["end_ns"].max()}).reset_index()
     out = out.sort_values("start_ns", kind="stable").reset_index(drop=True)
     nxt = out["start_ns"].shift(-1)
     out["time_ns"] = (nxt - out["start_ns"]).fillna(out["end_ns"] - out["start_ns"]).astype(np.int64)
-    return out
+    return out.assign(start_ns=out["start_ns"] + origin, end_ns=out["end_ns"] + origin)
 
 
 def _split(trace: Trace) -> tuple[pd.DataFrame, pd.DataFrame]:

@@ -45,6 +45,17 @@ def stream_row(stream: int) -> str:
     return f"Stream {stream}"
 
 
+def rebased(events: pd.DataFrame, origin: int | None = None) -> pd.DataFrame:
+    """``events`` with ``start_ns``/``end_ns`` counted from ``origin`` (default: the earliest
+    start), still int64. CUPTI stamps are ~1.8e18 ns, where float64's spacing is 256 ns: a gap or
+    period computed after any step that makes them float (a shift's or a map's NaN, a merge)
+    comes out a multiple of 256 ns. Tables of gaps, steps and periods start from these."""
+    if events.empty:
+        return events
+    o = int(events["start_ns"].min()) if origin is None else int(origin)
+    return events.assign(start_ns=events["start_ns"].astype("int64") - o, end_ns=events["end_ns"].astype("int64") - o)
+
+
 class TraceError(ValueError):
     """A trace (file or table) that does not fit the schema; says what was expected."""
 

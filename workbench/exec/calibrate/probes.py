@@ -10,7 +10,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...trace import Trace
+from ...trace import Trace, rebased
 from ...trace.cupti import CuptiCapture, cupti_available
 from ..device import device_info
 from .probe_source import PROBE_SRC, READ_BYTES_IN_FLIGHT
@@ -205,7 +205,7 @@ def measure_device(log: Callable[[str], None] = print) -> dict[str, Any]:
 
 def probe_summary(tr: Trace, labels: Sequence[str]) -> dict[str, float]:
     """Numbers from the CUPTI trace of the probe runs (token i = the i-th mark)."""
-    ev = tr.events
+    ev = rebased(tr.events)
     ev = ev.assign(label=[labels[t] if 0 <= t < len(labels) else "" for t in ev["token"]])
     kern = ev[ev["kind"] == "kernel"].sort_values("start_ns", kind="stable")
     api = ev[ev["row"] == "CUDA API"]

@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from ...trace import Trace
+from ...trace import Trace, rebased
 from .specs import GRAPHS, GRAPHS_PDL, ModelSpec
 
 #: the API calls that launch one kernel (runtime and driver, plain and extended)
@@ -33,8 +33,8 @@ def api_periods(trace: Trace) -> pd.DataFrame:
     Python around it take),
     ``issue_ns`` (call start to the start of the device work it issued), ``wait_ns`` / ``resume_ns``
     (for calls that waited for device work: from that work's end to the call's return / to the
-    next call; NaN otherwise)."""
-    ev = trace.events
+    next call; NaN otherwise). Stamps are from the trace's first event (``rebased``)."""
+    ev = rebased(trace.events)
     host = ev[(ev["row"] == "CUDA API") & ev["name"].str.contains(PROGRAM_APIS)].sort_values("start_ns", kind="stable")
     host = host.assign(next_start=host.groupby("tid")["start_ns"].shift(-1),
                        next_token=host.groupby("tid")["token"].shift(-1))
@@ -58,13 +58,14 @@ def kernel_table(trace: Trace) -> pd.DataFrame:
     """Median duration, start gap after the previous kernel on its stream, step (end after that
     kernel's end: what the kernel adds to its stream, whether or not PDL started it early), and
     count of each Plan node's kernel over the measured tokens."""
-    k = _steady(trace.events)
+    ev = rebased(trace.events)
+    k = _steady(ev)
     k = k[(k["kind"] == "kernel") & (k["node"] != "")].sort_values("start_ns", kind="stable")
     if k.empty:
         return pd.DataFrame(columns=["node", "name", "duration_ns", "gap_ns", "step_ns", "n"])
     prev_end = k.groupby(["stream", "token"])["end_ns"].shift(1)
     k = k.assign(dur=k["end_ns"] - k["start_ns"], gap=k["start_ns"] - prev_end, step=k["end_ns"] - prev_end)
-    calls = trace.events[trace.events["row"] == "CUDA API"].drop_duplicates("corr_id").set_index("corr_id")["end_ns"]
+    calls = ev[ev["row"] == "CUDA API"].drop_duplicates("corr_id").set_index("corr_id")["end_ns"]
     # how long after its launch call returned a kernel started (large: it was queued behind others)
     k = k.assign(queued=k["start_ns"] - k["corr_id"].map(calls))
     g = k.groupby("node", sort=False)
@@ -77,7 +78,7 @@ def boundary_table(plain: Trace, pdl: Trace) -> pd.DataFrame:
     """Per pair of consecutive kernels on one stream, the time from the first one's end to the
     second one's end without and with PDL (medians over the measured tokens), and the saving."""
     def ends(tr: Trace) -> pd.DataFrame:
-        k = _steady(tr.events)
+        k = _steady(rebased(tr.events))
         k = k[(k["kind"] == "kernel") & (k["node"] != "")].sort_values("start_ns", kind="stable")
         k = k.assign(prev=k.groupby(["stream", "token"])["node"].shift(1),
                      step=k["end_ns"] - k.groupby(["stream", "token"])["end_ns"].shift(1),
