@@ -18,6 +18,13 @@ so every variant should show no change.
     # GPU machine, about 15 s a variant on llama-3.2-1b
     python3 benchmarks/launch_state.py --fresh --variants none,null700,side16,side256,eager --jsonl OUT
     python3 benchmarks/launch_state.py --variants none,eager --jsonl OUT      # settled: no change
+
+``--gaps`` reads recorded timelines instead (no GPU): per file, the median gap between
+consecutive kernels of one stream in the last traced token, the number that tells the states
+apart. A ``.csv.gz`` of ``kernel_fidelity.py record`` gives one row per model and strategy:
+
+    python benchmarks/launch_state.py --gaps data/traces/llamacpp/h200_captures/*_pdl0.parquet \
+        data/bench/kernel_timelines_h200_s29.csv.gz
 """
 
 from __future__ import annotations
@@ -31,6 +38,12 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
+
+import pandas as pd  # noqa: E402
+
+from workbench.trace import rebased  # noqa: E402
+from workbench.trace.analysis import to_markdown  # noqa: E402
+from workbench.trace.io import load_trace  # noqa: E402
 
 NAMES = ("graphs", "graphs+pdl")
 
@@ -87,6 +100,33 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
             **{f"{n} change_pct": round(100 * (after[n] / before[n] - 1), 1) for n in NAMES}}
 
 
+def kernel_gaps(kernels: pd.DataFrame) -> pd.Series:
+    """Start of each kernel after the end of the one before it on its stream (ns), the gaps of
+    0-20 us (longer ones wait for the host, not the launch path)."""
+    k = rebased(kernels).sort_values("start_ns", kind="stable")
+    g = (k["start_ns"] - k.groupby("stream")["end_ns"].shift(1)).dropna()
+    return g[(g >= 0) & (g < 20_000)]
+
+
+def gap_table(paths: list[str]) -> pd.DataFrame:
+    """Per recorded timeline (and model / strategy in a ``kernel_fidelity`` csv), the kernels
+    and the median and quartiles of the gaps of its last token."""
+    rows = []
+    for path in paths:
+        if path.endswith(".csv.gz") or path.endswith(".csv"):
+            d = pd.read_csv(path)
+            groups = [(f"{m} {s}", g) for (m, s), g in d.groupby(["model", "strategy"], sort=False)]
+        else:
+            ev = load_trace(path).events
+            k = ev[ev["kind"] == "kernel"]
+            groups = [(Path(path).name, k[k["token"] == k["token"].max()])]
+        for label, k in groups:
+            g = kernel_gaps(k)
+            rows.append({"timeline": label, "kernels": len(k), "gap_median_ns": g.median(),
+                         "gap_p25_ns": g.quantile(0.25), "gap_p75_ns": g.quantile(0.75)})
+    return pd.DataFrame(rows)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--model", default="llama-3.2-1b", help="a model of sim_fidelity.MODELS")
@@ -94,8 +134,12 @@ def main() -> int:
     ap.add_argument("--fresh", action="store_true", help="do not let the backend settle the launch state")
     ap.add_argument("--runs", type=int, default=5, help="runs of 64 tokens per strategy, before and after")
     ap.add_argument("--jsonl", help="append the results here")
+    ap.add_argument("--gaps", nargs="+", metavar="TRACE", help="report kernel gaps of recorded timelines (no GPU)")
     ap.add_argument("--one", help=argparse.SUPPRESS)  # internal: measure this variant in this process
     a = ap.parse_args()
+    if a.gaps:
+        print(to_markdown(gap_table(a.gaps), digits=0))
+        return 0
     if a.one:
         print(json.dumps(one(a.model, a.one, a.fresh, a.runs)), flush=True)
         return 0

@@ -10,10 +10,12 @@ measured before the process's first eager run was several per cent faster per to
 same strategy measured after it: the lab's speedup tables depended on the order the user ran
 strategies in, and a decode matrix (eager cells first) disagreed with ``workbench run --graphs``.
 
-llama.cpp, like any serving process, launches its eager kernels (warm-up, prompt) on its own
-streams before it replays graphs, so the state after is the one to measure in. The cuda backend
-enters it once per process, before its first run, with a burst of tiny kernels on a side stream;
-every run is then timed in the same state whatever ran before it.
+The cuda backend enters the state after once per process, before its first run, with a burst
+of tiny kernels on a side stream: every run is then timed in the same state whatever ran before
+it (the state before cannot be restored once left). It is not llama.cpp's state: llama.cpp's
+replays without PDL keep 96 ns gaps after its prefill (``launch_state_h200.md``, session 30), so
+our graph cells without PDL carry 190-320 ns a kernel that llama.cpp's do not; replays with PDL,
+the best configurations, are unaffected.
 """
 
 from __future__ import annotations
