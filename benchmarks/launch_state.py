@@ -9,6 +9,8 @@ that off (``--fresh``) to show the effect, one fresh process per variant:
 * ``none``: nothing between the two measurements;
 * ``null<N>``: N one-element CuPy kernels on the legacy default stream;
 * ``side<N>``: N such kernels on a new non-blocking stream;
+* ``torch<N>``: N PyTorch kernels (runtime-API launches of a fatbin's kernels, as llama.cpp's are)
+  on a PyTorch side stream;
 * ``eager``: a 4-token run of the eager strategy (an executor sharing the weights).
 
 Each variant times ``graphs`` and ``graphs+pdl`` (interleaved runs of 64 tokens, median) before
@@ -85,12 +87,20 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
             x += 1
     elif variant.startswith("side"):
         side_stream_kernels(int(variant[4:]))
+    elif variant.startswith("torch"):  # runtime-API kernels (a fatbin, as llama.cpp's) on a torch stream
+        import torch
+
+        t, s = torch.zeros(1, device="cuda"), torch.cuda.Stream()
+        with torch.cuda.stream(s):
+            for _ in range(int(variant[5:])):
+                t += 1
+        s.synchronize()
     elif variant == "eager":
         ex = cuda_module.CudaExecutor(cfg, Strategy(), "device", 0, share=exs[0])
         workbench.run(cfg, Strategy(), tokens=4, start_pos=spec.pos, backend="cuda", executor=ex, quiet=True)
         ex.release()
     elif variant != "none":
-        raise ValueError(f"unknown variant {variant!r}: none, null<N>, side<N> or eager")
+        raise ValueError(f"unknown variant {variant!r}: none, null<N>, side<N>, torch<N> or eager")
     cp.cuda.Device().synchronize()
     after = measure()
     for ex in reversed(exs):
