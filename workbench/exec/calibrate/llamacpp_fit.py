@@ -316,7 +316,8 @@ def host_costs(traces: list[LlamaCppTrace], copy_ns: float = 0.0) -> dict[str, t
         dev = ev[ev["kind"].isin(["kernel", "memcpy"])]
         for s in _api_table(t).query("kind == 'sync'").itertuples():
             d = dev[(dev["stream"] == s.stream) & (dev["start_ns"] < s.end_ns)]
-            last = float(d["end_ns"].max()) if len(d) else -np.inf
+            # int: CUPTI's ~1.8e18 ns stamps as float64 would round the wake-up to 256 ns
+            last = int(d["end_ns"].max()) if len(d) else s.start_ns
             if last <= s.start_ns:
                 idle.append(s.end_ns - s.start_ns)
             elif last <= s.end_ns:
