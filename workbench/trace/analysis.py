@@ -97,7 +97,9 @@ def gpu_idle_gaps(trace: Trace, min_gap_ns: int = 0) -> pd.DataFrame:
         return gaps.assign(cause=pd.Series(dtype=object))
     work, _ = _split(trace)
     first = work[work["token"] >= 0].groupby("token")["start_ns"].min()
-    opens_token = gaps["end_ns"].to_numpy() == gaps["token"].map(first).to_numpy()
+    # int64 throughout: a token missing from ``first`` (NaN) would make the stamps float64, which
+    # at CUPTI's ~1.8e18 ns cannot tell stamps 256 ns apart
+    opens_token = gaps["end_ns"].to_numpy() == gaps["token"].map(first).fillna(-1).astype("int64").to_numpy()
     synced = gaps["host_calls"].str.contains("Synchronize|cudaMemcpy(?!Async)|cudaMemset(?!Async)", regex=True)
     host = gaps["cause"] == "host"
     cause = np.select([host & opens_token, host & synced, host, gaps["cause"] == "device"],
