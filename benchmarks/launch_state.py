@@ -9,6 +9,7 @@ that off (``--fresh``) to show the effect, one fresh process per variant:
 * ``none``: nothing between the two measurements;
 * ``null<N>``: N one-element CuPy kernels on the legacy default stream;
 * ``side<N>``: N such kernels on a new non-blocking stream;
+* ``same<N>``: N such kernels on the stream the ``graphs`` executor replays its graph on;
 * ``torch<N>``: N PyTorch kernels (runtime-API launches of a fatbin's kernels, as llama.cpp's are)
   on a PyTorch side stream;
 * ``eager``: a 4-token run of the eager strategy (an executor sharing the weights).
@@ -87,6 +88,12 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
             x += 1
     elif variant.startswith("side"):
         side_stream_kernels(int(variant[4:]))
+    elif variant.startswith("same"):  # on the graphs executor's own launch stream, as llama.cpp runs its
+        s0 = exs[0]._stream(0)         # eager first calls on the stream its graphs later replay on
+        with s0:
+            for _ in range(int(variant[4:])):
+                x += 1
+        s0.synchronize()
     elif variant.startswith("torch"):  # runtime-API kernels (a fatbin, as llama.cpp's) on a torch stream
         import torch
 
@@ -100,7 +107,7 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
         workbench.run(cfg, Strategy(), tokens=4, start_pos=spec.pos, backend="cuda", executor=ex, quiet=True)
         ex.release()
     elif variant != "none":
-        raise ValueError(f"unknown variant {variant!r}: none, null<N>, side<N>, torch<N> or eager")
+        raise ValueError(f"unknown variant {variant!r}: none, null<N>, side<N>, same<N>, torch<N> or eager")
     cp.cuda.Device().synchronize()
     after = measure()
     for ex in reversed(exs):
