@@ -14,6 +14,10 @@ token) and the median duration, measured and simulated, and what PDL saves each 
 
 CUPTI traces every kernel of a graph replay here, which adds a little to each (``cupti_kernel_ns``
 in the calibration's sources); spans and durations are the traced ones.
+
+``report`` also reads session 28's llama-3.2-1b trace of llama.cpp's fusion set on the cuda
+backend (``fusion_trace_1b_h200_s28.csv.gz``: graphs, implicit sync, PDL off / on, fusion none /
+llama.cpp's set), where the simulator's fused kernels of that set can be checked one by one.
 """
 
 from __future__ import annotations
@@ -32,12 +36,33 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 from sim_fidelity import MODELS, STRATEGIES  # noqa: E402
 
 import workbench  # noqa: E402
+from workbench.llamacpp.switches import LLAMACPP_FUSION  # noqa: E402
+from workbench.strategy import Strategy  # noqa: E402
 from workbench.trace import rebased  # noqa: E402
 from workbench.trace.analysis import to_markdown  # noqa: E402
 
 #: the strategies compared: graph replay alone, with PDL, with every fusion
 RUNS = ("graphs", "graphs+pdl", "graphs+fusion")
 COLUMNS = ["model", "strategy", "node", "name", "start_ns", "end_ns", "stream"]
+
+
+#: the runs of a fusion trace (columns ``fusion``, ``pdl``), keyed by those columns' values
+FUSION_TRACE_RUNS: dict[tuple[str, bool], tuple[str, Strategy]] = {
+    (fusion, pdl): ("graphs" + ("+pdl" if pdl else "") + ("+llamacpp-fusion" if fusion != "none" else ""),
+                    Strategy(graphs=True, pdl=pdl, sync="implicit",
+                             fusion=LLAMACPP_FUSION if fusion != "none" else frozenset()))
+    for fusion in ("none", "llamacpp-set") for pdl in (False, True)}
+FUSION_TRACE_MODEL = "llama-3.2-1b/ctx512/pos448"
+
+
+def from_fusion_trace(d: pd.DataFrame) -> tuple[pd.DataFrame, dict[str, Strategy]]:
+    """A fusion trace's last token of each run as ``compare`` reads a ``record`` CSV, and the
+    Strategies its runs name."""
+    out = []
+    for (fusion, pdl), g in d.groupby(["fusion", "pdl"], sort=False):
+        name, _ = FUSION_TRACE_RUNS[(fusion, bool(pdl))]
+        out.append(g[g["token"] == g["token"].max()].assign(model=FUSION_TRACE_MODEL, strategy=name))
+    return pd.concat(out, ignore_index=True)[COLUMNS], dict(FUSION_TRACE_RUNS.values())
 
 
 def last_token_kernels(events: pd.DataFrame) -> pd.DataFrame:
@@ -72,13 +97,15 @@ def steps(k: pd.DataFrame) -> pd.DataFrame:
                          "step": (end - end.groupby(k["stream"]).shift(1)).to_numpy()}).set_index("node")
 
 
-def compare(measured: pd.DataFrame, calibration: str | None, gpu: str) -> pd.DataFrame:
-    """Per model, strategy and node: measured and simulated duration and step (ns)."""
+def compare(measured: pd.DataFrame, calibration: str | None, gpu: str,
+            strategies: dict[str, Strategy] | None = None) -> pd.DataFrame:
+    """Per model, strategy and node: measured and simulated duration and step (ns); strategies
+    by name from ``strategies`` (default: the fidelity report's)."""
     specs = {spec.label: spec for spec, _, _ in MODELS}
     out = []
     for (label, name), g in measured.groupby(["model", "strategy"], sort=False):
         spec = specs[label]
-        r = workbench.run(spec.config(), STRATEGIES[name], tokens=3, start_pos=spec.pos, backend="sim",
+        r = workbench.run(spec.config(), (strategies or STRATEGIES)[name], tokens=3, start_pos=spec.pos, backend="sim",
                           trace=True, quiet=True, **({"calibration": calibration} if calibration else {"gpu": gpu}))
         sim = last_token_kernels(r.trace.events)
         j = steps(g).join(steps(sim).drop(columns="name").add_suffix("_sim"), how="inner")
@@ -115,7 +142,7 @@ def markdown(t: dict[str, pd.DataFrame], source: str, calibration: str) -> str:
     pdl = t["pdl"][(t["pdl"]["saving_us"] - t["pdl"]["saving_sim_us"]).abs() >= 10]
     return "\n".join([
         "# Kernel by kernel: the cuda backend's timeline against the simulator's", "",
-        f"Measured: `{source}` (CUPTI, the last of 8 traced tokens, full-size models of the fidelity report); "
+        f"Measured: `{source}` (CUPTI, the last traced token of each run, full-size models); "
         f"simulated: {calibration}. Written by `benchmarks/kernel_fidelity.py report`.", "",
         "## One token's GPU span", "", to_markdown(t["spans"].round(1)), "",
         "## Kernels whose summed step differs by 10 us or more (simulated - measured)", "",
@@ -131,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     r.add_argument("--out", required=True, help="CSV (.csv.gz) of the last token's kernels")
     r.add_argument("--budget", type=float, default=300.0, help="start no model after this many seconds")
     p = sub.add_parser("report", help="compare with the simulator (CPU)")
-    p.add_argument("measured", help="the CSV of `record`")
+    p.add_argument("measured", help="the CSV of `record` (or a fusion trace)")
     p.add_argument("--calibration", help="calibration file (default: --gpu's shipped one)")
     p.add_argument("--gpu", default="h200")
     p.add_argument("--md", help="write the report here (default: print it)")
@@ -139,7 +166,10 @@ def main(argv: list[str] | None = None) -> int:
     if a.cmd == "record":
         record(Path(a.out), budget_s=a.budget)
         return 0
-    cmp = compare(pd.read_csv(a.measured), a.calibration, a.gpu)
+    measured, strategies = pd.read_csv(a.measured), None
+    if "fusion" in measured.columns:
+        measured, strategies = from_fusion_trace(measured)
+    cmp = compare(measured, a.calibration, a.gpu, strategies)
     cal = f"`{Path(a.calibration).name}`" if a.calibration else f"`data/calibration/{a.gpu}.json`"
     md = markdown(tables(cmp), Path(a.measured).name, cal)
     if a.md:

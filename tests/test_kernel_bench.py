@@ -197,6 +197,22 @@ def test_kernel_fidelity_reproduces_its_committed_report():
     assert ((top_k["median_dur_sim_ns"] / top_k["median_dur_ns"] - 1).abs() < 0.10).all(), top_k
 
 
+def test_kernel_fidelity_reads_the_fusion_trace():
+    """The fusion trace of llama.cpp's set on llama-3.2-1b: its committed report follows from it,
+    and its runs are the Strategies that ran (195 kernels fused, 308 not, PDL off and on)."""
+    mod = _load("kernel_fidelity")
+    data = ROOT / "data" / "bench"
+    import pandas as pd
+
+    measured, strategies = mod.from_fusion_trace(pd.read_csv(data / "fusion_trace_1b_h200_s28.csv.gz"))
+    assert measured.groupby("strategy").size().to_dict() == {
+        "graphs": 308, "graphs+pdl": 308, "graphs+llamacpp-fusion": 195, "graphs+pdl+llamacpp-fusion": 195}
+    assert strategies["graphs+pdl+llamacpp-fusion"].pdl and strategies["graphs"].fusion == frozenset()
+    md = mod.markdown(mod.tables(mod.compare(measured, None, "h200", strategies)),
+                      "fusion_trace_1b_h200_s28.csv.gz", "`data/calibration/h200.json`")
+    assert md == (data / "kernel_fidelity_fusion_1b_h200.md").read_text()
+
+
 def test_grid_ab_old_rules_are_the_rules_before():
     """benchmarks/grid_ab.py's `old_rules` variant is the binder's rules before 2026-11-29, which
     the new ones differ from only where grid_ab_h200.md measured them faster."""

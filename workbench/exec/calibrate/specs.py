@@ -5,6 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Final
 
+from ...llamacpp.switches import LLAMACPP_FUSION
 from ...models import ModelConfig, load_config
 from ...strategy import FUSIONS, Strategy
 
@@ -74,6 +75,7 @@ GRAPHS: Final = "graphs+boundary"
 GRAPHS_PDL: Final = "graphs+pdl+implicit"
 FUSED: Final = "graphs+fusion+boundary"
 FUSED_PDL: Final = "graphs+fusion+pdl+boundary"
+FUSED_LLAMACPP: Final = "graphs+llamacpp-fusion+boundary"
 
 #: the strategies whose traces give each host cost and the PDL boundaries
 CALIBRATION_STRATEGIES: dict[str, Strategy] = {
@@ -86,9 +88,14 @@ CALIBRATION_STRATEGIES: dict[str, Strategy] = {
     # launches it at its predecessor's start (its blocks placed as the predecessor's retire)
     FUSED: Strategy(graphs=True, sync="boundary", fusion=frozenset(FUSIONS)),
     FUSED_PDL: Strategy(graphs=True, pdl=True, sync="boundary", fusion=frozenset(FUSIONS)),
+    # llama.cpp's fusion set: its fused kernels (norm + mul, rope + set_rows, mat-vec + add, gate +
+    # up + GLU) at every calibration shape. Under every fusion the workbench's larger fusions take
+    # most of them, which left fits of one size that priced llama-3.2-1b's fused step 4 % fast
+    # (data/bench/fusion_trace_1b_h200_s28.csv.gz against the simulator, session 30)
+    FUSED_LLAMACPP: Strategy(graphs=True, sync="boundary", fusion=LLAMACPP_FUSION),
 }
 #: the runs that replay CUDA graphs (what CUPTI's per-kernel cost is measured on)
-GRAPH_RUNS = (GRAPHS, GRAPHS_PDL, FUSED, FUSED_PDL)
-#: the runs whose kernel durations the fits take (one with every fusion, one without; PDL runs'
-#: kernels start early, so their durations include the wait)
-DURATION_RUNS = (GRAPHS, FUSED)
+GRAPH_RUNS = (GRAPHS, GRAPHS_PDL, FUSED, FUSED_PDL, FUSED_LLAMACPP)
+#: the runs whose kernel durations the fits take (without fusion, with every fusion, with
+#: llama.cpp's; PDL runs' kernels start early, so their durations include the wait)
+DURATION_RUNS = (GRAPHS, FUSED, FUSED_LLAMACPP)
