@@ -60,7 +60,7 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
     import workbench
     import workbench.exec.cuda as cuda_module
     from workbench.exec.calibrate.environment import warm_gpu
-    from workbench.exec.launch_state import side_stream_kernels
+    from workbench.exec.launch_state import stream_kernels
     from workbench.strategy import Strategy
 
     if fresh:
@@ -82,18 +82,12 @@ def one(model: str, variant: str, fresh: bool, runs: int) -> dict:
         return {n: round(float(np.median(v)), 1) for n, v in us.items()}
 
     before = measure()
-    x = cp.zeros(1, cp.float32)
     if variant.startswith("null"):
-        for _ in range(int(variant[4:])):
-            x += 1
+        stream_kernels(int(variant[4:]), stream=cp.cuda.Stream.null)
     elif variant.startswith("side"):
-        side_stream_kernels(int(variant[4:]))
-    elif variant.startswith("same"):  # on the graphs executor's own launch stream, as llama.cpp runs its
-        s0 = exs[0]._stream(0)         # eager first calls on the stream its graphs later replay on
-        with s0:
-            for _ in range(int(variant[4:])):
-                x += 1
-        s0.synchronize()
+        stream_kernels(int(variant[4:]))
+    elif variant.startswith("same"):  # the graphs executor's own launch stream: llama.cpp runs its eager
+        stream_kernels(int(variant[4:]), stream=exs[0]._stream(0))  # first calls where its graphs replay
     elif variant.startswith("torch"):  # runtime-API kernels (a fatbin, as llama.cpp's) on a torch stream
         import torch
 

@@ -1,5 +1,6 @@
 """The GPU benchmarks' host side without a GPU: kernel_bench's node choice and variant bindings at
-full size, gpu_decode's argument checks (both run on the GPU machine; see their docstrings)."""
+full size, gpu_decode's argument checks (both run on the GPU machine; see their docstrings), and
+the CPU reports of kernel_fidelity, grid_ab and launch_state."""
 
 from __future__ import annotations
 
@@ -8,7 +9,9 @@ import sys
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+from test_calibrate import CUPTI_EPOCH_NS
 
 from workbench.exec import cuda_ops
 
@@ -223,3 +226,30 @@ def test_grid_ab_old_rules_are_the_rules_before():
     assert (cuda_ops.fused_splits(14336, 512), cuda_ops.fused_splits(8192, 256)) == (2, 1)  # unchanged
     assert (cuda_ops.fused_splits(12288, 512), cuda_ops.fused_splits(512, 256)) == (2, 1)  # Qwen3-8B, Qwen3-30B-A3B
     assert (cuda_ops.qkv_splits(1536, 256), cuda_ops.qkv_splits(3072, 512)) == (2, 1)  # llama-3.2-1b, llama-3.1-8b
+
+
+def test_gaps_are_exact_at_cuptis_epoch_and_per_stream(tmp_path) -> None:
+    """benchmarks/launch_state.py --gaps: the gap between consecutive kernels of one stream, read
+    to the ns where CUPTI's stamps sit (float64 steps by 256 ns there)."""
+    bench = _load("launch_state")
+    rows = []
+    for stream, gap in ((7, 96), (9, 416)):
+        t = CUPTI_EPOCH_NS + 13 + stream
+        for i in range(5):
+            rows.append({"model": "m", "strategy": "graphs", "node": f"n{stream}-{i}", "name": "k",
+                         "start_ns": t, "end_ns": t + 1000, "stream": stream})
+            t += 1000 + gap
+    csv = tmp_path / "k.csv.gz"
+    pd.DataFrame(rows).to_csv(csv, index=False)
+    g = bench.kernel_gaps(pd.DataFrame(rows))
+    assert sorted(g.unique()) == [96, 416] and len(g) == 8  # no gap across the two streams
+    t = bench.gap_table([str(csv)])
+    assert t.loc[0, "kernels"] == 10 and t.loc[0, "gap_p25_ns"] == 96 and t.loc[0, "gap_p75_ns"] == 416
+
+
+def test_llama_cpp_replays_its_graphs_with_96_ns_gaps() -> None:
+    """The committed llama.cpp capture that launch_state_h200.md (session 30) reads."""
+    bench = _load("launch_state")
+    path = ROOT / "data" / "traces" / "llamacpp" / "h200_captures" / "llama-3.2-1b-L16_pdl0.parquet"
+    t = bench.gap_table([str(path)])
+    assert t.loc[0, "kernels"] == 213 and t.loc[0, "gap_median_ns"] == 96

@@ -21,20 +21,21 @@ the best configurations, are unaffected.
 from __future__ import annotations
 
 from functools import cache
+from typing import Any
 
 #: kernels launched to enter the state: 16 already gave most of the slowdown on an H200, 64 to 700
 #: all of it (``data/bench/launch_state_h200.md``)
 SETTLE_KERNELS = 256
 
 
-def side_stream_kernels(n: int, device: int = 0) -> int:
-    """Launch ``n`` one-element kernels on a new non-blocking stream of ``device`` and wait for
-    them; returns ``n``."""
+def stream_kernels(n: int, device: int = 0, stream: Any = None) -> int:
+    """Launch ``n`` one-element kernels on ``stream`` (default: a new non-blocking stream of
+    ``device``) and wait for them; returns ``n``."""
     import cupy as cp
 
     with cp.cuda.Device(device):
         x = cp.zeros(1, dtype=cp.float32)
-        stream = cp.cuda.Stream(non_blocking=True)
+        stream = cp.cuda.Stream(non_blocking=True) if stream is None else stream
         with stream:
             for _ in range(n):
                 x += 1
@@ -46,4 +47,4 @@ def side_stream_kernels(n: int, device: int = 0) -> int:
 def settle_launch_state(device: int = 0) -> int:
     """``SETTLE_KERNELS`` side-stream kernels on ``device`` (about a millisecond, once per process
     and device: the state is a CUDA context's); returns how many were launched."""
-    return side_stream_kernels(SETTLE_KERNELS, device)
+    return stream_kernels(SETTLE_KERNELS, device)
