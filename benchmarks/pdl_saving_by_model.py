@@ -21,7 +21,7 @@ It is a lead for the simulator, not a fit. Output: ``data/bench/pdl_saving_by_mo
 
 Usage::
 
-    python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s28.jsonl] \\
+    python benchmarks/pdl_saving_by_model.py [--matrix data/bench/decode_matrix_h200_s31b.jsonl] \\
         [--predicted data/bench/sim_fidelity_h200.csv] [--timelines data/bench/kernel_timelines_h200_s29.csv.gz] \\
         [--md data/bench/pdl_saving_by_model_h200.md]
 """
@@ -142,7 +142,7 @@ def markdown(df: pd.DataFrame, matrix: str, predicted: str,
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s28.jsonl"))
+    ap.add_argument("--matrix", default=str(ROOT / "data/bench/decode_matrix_h200_s31b.jsonl"))
     ap.add_argument("--predicted", default=str(ROOT / "data/bench/sim_fidelity_h200.csv"))
     ap.add_argument("--timelines", default=str(ROOT / "data/bench/kernel_timelines_h200_s29.csv.gz"),
                     help="CUPTI timelines of the same models (kernel_fidelity.py record); '' for none")

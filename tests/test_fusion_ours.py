@@ -215,7 +215,11 @@ def test_simulator_costs_the_fused_kernels_below_their_parts(own_fits: bool):
     to seven, the intermediates never written and re-read."""
     cal = load_calibration("h200")
     if not own_fits:
-        cal = replace(cal, ops={k: v for k, v in cal.ops.items() if k.split("/")[0] not in FUSED_BASE})
+        # the base fits at scale >= 1: a fit that scales the roofline down gives back a saving
+        # that grows with the kernel's bytes (the conservation rule, tested in test_physics),
+        # which would hide the staging prologue compared below
+        cal = replace(cal, ops={k: replace(v, work_scale=max(1.0, v.work_scale)) for k, v in cal.ops.items()
+                                if k.split("/")[0] not in FUSED_BASE})
     g = build_graph(preset("llama-3.2-1b", layers=1), 512)
     by_name = {n.name: n for n in g.nodes}
     for fusions in ({"norm-mat-vec"}, {"qkv-rope-store"}, set(OURS)):

@@ -168,7 +168,7 @@ def test_pdl_saving_by_model_reproduces_its_committed_table():
     report (measured and predicted saving per kernel, the cuda backend's grids bound on the CPU)."""
     mod = _load("pdl_saving_by_model")
     data = ROOT / "data" / "bench"
-    df = mod.table(data / "decode_matrix_h200_s28.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
+    df = mod.table(data / "decode_matrix_h200_s31b.jsonl", data / "sim_fidelity_h200.csv", 4 * 132)
     row = df.set_index("model").loc["llama-3.1-8b/ctx1024/pos600"]
     assert row["kernels"] == 612 and row["measured_ns_per_kernel"] > row["predicted_ns_per_kernel"]
     by_model, by_node = mod.timeline_tables(data / "kernel_timelines_h200_s29.csv.gz")
@@ -177,7 +177,7 @@ def test_pdl_saving_by_model_reproduces_its_committed_table():
     assert by_model["small_median_saved_ns"].between(800, 1100).all()
     gpt_oss = by_node[by_node["model"].str.startswith("gpt-oss-20b")].set_index("node")
     assert gpt_oss.loc["ffn_moe_down", "blocks"] == 360 and gpt_oss.loc["ffn_moe_down", "median_saved_ns"] < 0
-    md = mod.markdown(df, "decode_matrix_h200_s28.jsonl", "sim_fidelity_h200.csv",
+    md = mod.markdown(df, "decode_matrix_h200_s31b.jsonl", "sim_fidelity_h200.csv",
                       ("kernel_timelines_h200_s29.csv.gz", by_model, by_node))
     assert md == (data / "pdl_saving_by_model_h200.md").read_text()
 

@@ -149,7 +149,9 @@ def test_eager_pdl_release_acts_on_eager_launches_only() -> None:
     cfg = load_config("llama-3.2-1b", layers=2)
     cal = load_calibration("h200")
     fast, slow = (replace(cal, eager_pdl_release_ns=v) for v in (0.0, 2000.0))
-    assert _us(cfg, Strategy(pdl=True), slow) > _us(cfg, Strategy(pdl=True), fast) + 50
+    # a 2 us later release at each of the ~40 PDL boundaries a token: tens of us (43 with h200.json
+    # of 2026-11-29; a release not applied to eager launches gives 0)
+    assert _us(cfg, Strategy(pdl=True), slow) > _us(cfg, Strategy(pdl=True), fast) + 20
     graphs = Strategy(graphs=True, pdl=True)
     assert _us(cfg, graphs, slow) == _us(cfg, graphs, fast)
     assert _us(cfg, Strategy(), slow) == _us(cfg, Strategy(), fast)
