@@ -68,9 +68,12 @@ class Cell:
     knob: str
     eager_us: float
     knob_us: float
-    #: the measured speedup's spread (%) from the runs' min-max, where the file has it
+    #: the measured speedup's spread (%), where the file has it (``decode_matrix.knob_effect``)
     lo: float = float("nan")
     hi: float = float("nan")
+    #: the measured speedup (%) where it is not eager_us / knob_us - 1: the median of the rounds'
+    #: own speedups (``decode_matrix.knob_effect``)
+    effect: float = float("nan")
 
     @property
     def label(self) -> str:
@@ -117,7 +120,7 @@ def committed_cells(sim_tokens: int = 16) -> list[Cell]:
 def measured_cells(paths: Sequence[Path], sim_tokens: int = 16) -> list[Cell]:
     """Each knob's cell on each model shape of a measured file that holds it beside ``eager``
     (several files: pooled, ``decode_matrix.read_matrices``)."""
-    from workbench.exec.calibrate.decode_matrix import read_matrices, runs_label
+    from workbench.exec.calibrate.decode_matrix import knob_effect, read_matrices, runs_label
 
     env, df = read_matrices(paths)
     source = runs_label(paths)
@@ -130,11 +133,11 @@ def measured_cells(paths: Sequence[Path], sim_tokens: int = 16) -> list[Cell]:
         for knob in KNOBS:
             if knob in by.index and "eager" in by.index:
                 e, k = by.loc["eager"], by.loc[knob]
-                spread = ((100 * (e["us_min"] / k["us_max"] - 1), 100 * (e["us_max"] / k["us_min"] - 1))
-                          if "us_min" in by else (float("nan"), float("nan")))
+                effect = knob_effect(e, k) if "us_min" in by else (float("nan"),) * 3
                 cells.append(Cell(f"{source} ({str(env.get('date', ''))[:10]})", model,
                                   int(layers) or None, int(r["context"]), int(r["pos"]), sim_tokens, knob,
-                                  float(e["us_per_token"]), float(k["us_per_token"]), *spread))
+                                  float(e["us_per_token"]), float(k["us_per_token"]), effect[1], effect[2],
+                                  effect[0]))
     return cells
 
 
@@ -158,7 +161,8 @@ def predict(cells: list[Cell], gpu: str = "h200") -> pd.DataFrame:
     for c in cells:
         se = sim(c, Strategy())
         e, k = se["us_per_token"], sim(c, KNOBS[c.knob])["us_per_token"]
-        meas, pred = 100 * (c.eager_us / c.knob_us - 1), 100 * (e / k - 1)
+        meas = c.effect if c.effect == c.effect else 100 * (c.eager_us / c.knob_us - 1)
+        pred = 100 * (e / k - 1)
         fitted = (c.source, c.knob) in FITTED or (c.source not in ("calibrate", "gpu_decode")
                                                    and c.knob in FITTED_KNOBS)
         rows.append({"source": c.source, "model": c.label, "knob": c.knob, "fitted": fitted,
@@ -213,9 +217,10 @@ def report(measured: Path | Sequence[Path] | None, out_dir: Path, gpu: str = "h2
             + (f"`before_pp`: diff_pp of the simulator in `{before}`. " if before is not None else "") +
             "*fitted*: the cells `python -m workbench.exec.fit_eager` fitted `eager_pdl_release_ns` and "
             "`eager_channel_switch_ns` to (the others are held out)"
-            + (" when the calibration was fitted with `--measured` on these files; `measured_lo`/`measured_hi`: "
-               "the speedup's spread from the rounds' min-max" + (" (pooled: the runs' min-max)" if len(measured) > 1
-                                                                   else "") if measured else "") + ".\n\n",
+            + (" when the calibration was fitted with `--measured` on these files; `measured_pct`: the median "
+               "of the rounds' own speedups (each round times eager and the knob back to back), `measured_lo`/"
+               "`measured_hi`: their min-max" + (" (pooled: the runs')" if len(measured) > 1 else "")
+               + " (`decode_matrix.knob_effect`)" if measured else "") + ".\n\n",
             f"{within} of {len(df)} knob effects within 2 pp.\n\n", control,
             _md(df[cols]), _host_table(df)]
     (out_dir / f"eager_knobs_{gpu}.md").write_text("".join(text))

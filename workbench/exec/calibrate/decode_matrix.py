@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import json
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -178,13 +178,33 @@ def read_matrices(paths: str | Path | Sequence[str | Path]) -> tuple[dict[str, A
             if gs.empty:
                 continue
             speedup = (eager[gs["_run"]].to_numpy() / gs["us_per_token"].to_numpy())
-            row = gs.iloc[0].drop(labels="_run").to_dict()
+            row = gs.iloc[0].drop(labels=["_run", "cold_run"], errors="ignore").to_dict()
             us = [base / x for x in speedup]
             row.update(us_per_token=base / float(np.median(speedup)), us_min=float(np.min(us)),
                        us_max=float(np.max(us)), runs_us=us)
             rows.append(row)
     env = {**read[0][0], "pooled": [Path(p).name for p in paths]}
     return env, pd.DataFrame(rows)
+
+
+def knob_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, float, float]:
+    """The measured speedup of cell ``b`` over cell ``a`` (%), and its spread (lo, hi).
+
+    Where both cells hold one us/token per round of one interleaved run (``runs_us``: each round
+    times every strategy of a model back to back), the effect is the median of the rounds' own
+    speedups and the spread their min-max. Each round compares its strategies within the same
+    minutes, so a slow phase of the host that moves a whole round cancels (eager cells spread up
+    to 60 % between rounds: data/bench/calibration_h200_s31.md). A model's cold first run
+    (``drop_cold_runs``) is left out of the pairs. Otherwise (llama.cpp's repetitions, per
+    configuration) it is the ratio of the medians, with the spread of the cells' min-max."""
+    ra, rb = a.get("runs_us"), b.get("runs_us")
+    if isinstance(ra, (list, tuple, np.ndarray)) and isinstance(rb, (list, tuple, np.ndarray)) \
+            and len(ra) == len(rb) >= 2:
+        cold = {int(c) for c in (a.get("cold_run"), b.get("cold_run")) if c is not None and c == c}
+        r = np.array([100 * (x / y - 1) for i, (x, y) in enumerate(zip(ra, rb)) if i not in cold])
+        return float(np.median(r)), float(r.min()), float(r.max())
+    m = 100 * (a["us_per_token"] / b["us_per_token"] - 1)
+    return float(m), float(100 * (a["us_min"] / b["us_max"] - 1)), float(100 * (a["us_max"] / b["us_min"] - 1))
 
 
 def runs_label(paths: str | Path | Sequence[str | Path]) -> str:
@@ -211,7 +231,8 @@ def cold_run_note(env: dict[str, Any]) -> str:
 
 def drop_cold_runs(rows: pd.DataFrame) -> pd.DataFrame:
     """``rows`` with each model shape's first timed run left out of its first cell's median and
-    spread (files measured before the settle run); ``runs_us`` keeps every run."""
+    spread (files measured before the settle run); ``runs_us`` keeps every run, ``cold_run`` names
+    the one left out."""
     rows = rows.copy()
     keys = [c for c in ("model", "layers", "context", "pos") if c in rows]
     first = rows[keys].astype(str).drop_duplicates().index  # the file keeps each model's cells together, in order
@@ -222,4 +243,5 @@ def drop_cold_runs(rows: pd.DataFrame) -> pd.DataFrame:
         kept = runs[:COLD_RUN] + runs[COLD_RUN + 1:]
         rows.at[i, "us_per_token"] = float(np.median(kept))
         rows.at[i, "us_min"], rows.at[i, "us_max"] = float(np.min(kept)), float(np.max(kept))
+        rows.loc[i, "cold_run"] = COLD_RUN  # which run the knob effects' round pairs leave out
     return rows
