@@ -1,5 +1,5 @@
 """Eager knob effects, GPU vs simulator: each knob alone on top of ``eager`` (no CUDA graph), its
-measured speedup on the ``cuda`` backend beside the simulator's (issue 20).
+measured effect on the ``cuda`` backend beside the simulator's (issue 20).
 
     # on the GPU: measure (untraced runs of the cuda executor, interleaved), write JSON lines
     python benchmarks/eager_knobs.py measure --out $OUT/eager_knobs_h200.jsonl
@@ -12,7 +12,8 @@ of the same minutes) the report reads that file alone. Without it, it reads the 
 already committed: ``gpu_decode.json`` (llama-3.2-1b, all layers, and qwen3-next-80b-a3b
 --layers 8; steps 448.. of context 512, median of 10 runs of 64 tokens) and the calibration runs
 of ``workbench calibrate`` (``calibration_raw_h200.json.gz``), taken at different times.
-A knob's speedup is ``t(eager) / t(eager + knob) - 1``, as in the fidelity report. Cells marked
+A knob's effect is the change in us/token, ``t(eager + knob) / t(eager) - 1`` (negative: faster;
+``decode_matrix.effect_pct``), as in the fidelity report. Cells marked
 *fitted* are the ones ``python -m workbench.exec.fit_eager`` fitted ``eager_pdl_release_ns`` and
 ``eager_channel_switch_ns`` to; the others are held out.
 """
@@ -68,11 +69,11 @@ class Cell:
     knob: str
     eager_us: float
     knob_us: float
-    #: the measured speedup's spread (%), where the file has it (``decode_matrix.knob_effect``)
+    #: the measured effect's spread (%), where the file has it (``decode_matrix.knob_effect``)
     lo: float = float("nan")
     hi: float = float("nan")
-    #: the measured speedup (%) where it is not eager_us / knob_us - 1: the median of the rounds'
-    #: own speedups (``decode_matrix.knob_effect``)
+    #: the measured effect (%) where it is not knob_us / eager_us - 1: the median of the rounds'
+    #: own effects (``decode_matrix.knob_effect``)
     effect: float = float("nan")
 
     @property
@@ -143,6 +144,7 @@ def measured_cells(paths: Sequence[Path], sim_tokens: int = 16) -> list[Cell]:
 
 def predict(cells: list[Cell], gpu: str = "h200") -> pd.DataFrame:
     import workbench
+    from workbench.exec.calibrate.decode_matrix import effect_pct
     from workbench.exec.calibration import load_calibration
     from workbench.models import load_config
 
@@ -161,8 +163,8 @@ def predict(cells: list[Cell], gpu: str = "h200") -> pd.DataFrame:
     for c in cells:
         se = sim(c, Strategy())
         e, k = se["us_per_token"], sim(c, KNOBS[c.knob])["us_per_token"]
-        meas = c.effect if c.effect == c.effect else 100 * (c.eager_us / c.knob_us - 1)
-        pred = 100 * (e / k - 1)
+        meas = c.effect if c.effect == c.effect else effect_pct(c.eager_us, c.knob_us)
+        pred = effect_pct(e, k)
         fitted = (c.source, c.knob) in FITTED or (c.source not in ("calibrate", "gpu_decode")
                                                    and c.knob in FITTED_KNOBS)
         rows.append({"source": c.source, "model": c.label, "knob": c.knob, "fitted": fitted,
@@ -213,12 +215,12 @@ def report(measured: Path | Sequence[Path] | None, out_dir: Path, gpu: str = "h2
                "`gpu_decode.json` (2026-11-21, median of 10 runs of 64 tokens, steps 448..511), the calibration "
                "runs of `calibration_raw_h200.json.gz` (2026-11-21, 12 tokens from step 0)")
             + ". " + (cold_run_note(read_matrices(measured)[0]) if measured else "")
-            + "Speedup = t(eager) / t(eager + knob) - 1. "
+            + "Effect = t(eager + knob) / t(eager) - 1 (negative: faster). "
             + (f"`before_pp`: diff_pp of the simulator in `{before}`. " if before is not None else "") +
             "*fitted*: the cells `python -m workbench.exec.fit_eager` fitted `eager_pdl_release_ns` and "
             "`eager_channel_switch_ns` to (the others are held out)"
             + (" when the calibration was fitted with `--measured` on these files; `measured_pct`: the median "
-               "of the rounds' own speedups (each round times eager and the knob back to back), `measured_lo`/"
+               "of the rounds' own effects (each round times eager and the knob back to back), `measured_lo`/"
                "`measured_hi`: their min-max" + (" (pooled: the runs')" if len(measured) > 1 else "")
                + " (`decode_matrix.knob_effect`)" if measured else "") + ".\n\n",
             f"{within} of {len(df)} knob effects within 2 pp.\n\n", control,
@@ -234,7 +236,7 @@ def _measured_note(paths: Sequence[Path]) -> str:
         return f"`{paths[0]}` (one interleaved run, median over rounds)"
     return (f"{len(paths)} interleaved runs of the same session ("
             + ", ".join(f"`{p}`" for p in paths) + "), pooled per cell: `eager_us` is eager's median over the "
-            "runs and a knob's speedup the median of its per-run speedups (`decode_matrix.read_matrices`)")
+            "runs and a knob's effect the median of its per-run effects (`decode_matrix.read_matrices`)")
 
 
 def _host_table(df: pd.DataFrame) -> str:

@@ -55,6 +55,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from workbench.exec.calibrate.decode_matrix import effect_pct  # noqa: E402
 from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION as FUSIONS  # noqa: E402
 from workbench.strategy import LOGITS_MODES, PDL_TRIGGERS, WORKBENCH_FUSIONS, Strategy  # noqa: E402
@@ -433,7 +434,7 @@ def summarize(recs: list[dict]) -> str:
             row = []
             for t in TOOLS:
                 x, y = by.get((model, a, t)), by.get((model, b, t))
-                row.append(f"{(st.median(y) / st.median(x) - 1) * 100:+.1f} %" if x and y else "-")
+                row.append(f"{effect_pct(st.median(x), st.median(y)):+.1f} %" if x and y else "-")
             if any(v != "-" for v in row):
                 lines.append(f"| {label} | {a} -> {b} | " + " | ".join(row) + " |")
         best = []

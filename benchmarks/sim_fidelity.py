@@ -1,5 +1,5 @@
 """Simulator vs GPU: predicted and measured us/token for a matrix of (model, strategy), and each
-knob's predicted vs measured speedup; the held-out model families (never seen by
+knob's predicted vs measured effect; the held-out model families (never seen by
 ``workbench calibrate``) are reported apart.
 
     # on the GPU: measure (untraced runs of the cuda executor), write JSON lines
@@ -24,9 +24,12 @@ qwen3-30b-a3b and gpt-oss-20b: 8 layers), weights drawn on the GPU, one warmed-u
 strategy, ``--repeats`` interleaved rounds of ``--tokens`` decode steps; a run's us/token is the
 mean host time of its steady tokens (all but the first), the cell's value the median over runs
 (spread: min-max). Predicted: the
-simulator on the same Plans, start position and token count. A knob's speedup is
-``t(without) / t(with) - 1``; measured, the median of the rounds' own speedups, with their min-max
+simulator on the same Plans, start position and token count. A knob's effect is the change in
+us/token it makes, ``t(with) / t(without) - 1`` (``decode_matrix.effect_pct``, as the issues state
+effects: negative is faster); measured, the median of the rounds' own effects, with their min-max
 as its spread (``decode_matrix.knob_effect``: a round times both cells within the same minutes).
+Each knob's miss is also given in the speedup convention ``t(without) / t(with) - 1`` that the
+reports used before 2026-11-29 (``diff_pp_as_speedup``), which inflates large effects.
 """
 
 from __future__ import annotations
@@ -41,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.exec.calibrate.decode_matrix import knob_effect
+from workbench.exec.calibrate.decode_matrix import effect_as_speedup, effect_pct, knob_effect
 from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import FUSIONS, Strategy
 
@@ -179,9 +182,10 @@ def knob_table(df: pd.DataFrame, knobs: dict[str, tuple[str, str]] = KNOBS) -> p
             if a not in by.index or b not in by.index:
                 continue
             m, lo, hi = knob_effect(by.loc[a], by.loc[b])
-            p = 100 * (by.at[a, "predicted_us"] / by.at[b, "predicted_us"] - 1)
+            p = effect_pct(by.at[a, "predicted_us"], by.at[b, "predicted_us"])
             row = {"model": label, "family": fam, "held_out": held, "knob": knob, "measured_pct": m,
-                   "measured_lo": lo, "measured_hi": hi, "predicted_pct": p, "diff_pp": p - m}
+                   "measured_lo": lo, "measured_hi": hi, "predicted_pct": p, "diff_pp": p - m,
+                   "diff_pp_as_speedup": effect_as_speedup(p) - effect_as_speedup(m)}
             if "leases" in by.columns:  # both cells from one machine lease: no lease-to-lease drift in the effect
                 row["same_lease"] = by.at[a, "leases"] == by.at[b, "leases"] and "," not in str(by.at[a, "leases"])
             rows.append(row)
@@ -221,7 +225,9 @@ def summary(df: pd.DataFrame, kn: pd.DataFrame) -> pd.DataFrame:
                     "max_abs_error_pct": a["error_pct"].abs().max(),
                     "cells_within_10pct": int((a["error_pct"].abs() <= CELL_BOUND_PCT).sum()),
                     "knobs": len(k), "mean_abs_diff_pp": k["diff_pp"].abs().mean() if len(k) else np.nan,
-                    "knobs_within_2pp": int((k["diff_pp"].abs() <= KNOB_BOUND_PP).sum())})
+                    "knobs_within_2pp": int((k["diff_pp"].abs() <= KNOB_BOUND_PP).sum()),
+                    "knobs_within_2pp_as_speedup": int((k["diff_pp_as_speedup"].abs() <= KNOB_BOUND_PP).sum())
+                    if len(k) else 0})
         if "same_lease" in k.columns:
             same = k[k["same_lease"].astype(bool)]
             out[-1].update({"same_lease_knobs": len(same),
@@ -307,8 +313,10 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
             f"Measured {env['date'][:10]} on {env['gpu_name']}, driver {env.get('driver_version', '')}, CUDA runtime "
             f"{env.get('cuda_runtime', '')}, CuPy {env.get('cupy', '')} (`{measured_path.name}`); "
             f"{env['repeats']} runs of "
-            f"{env['tokens']} tokens per cell (median, spread min-max; a knob's measured effect is the median of "
-            "the rounds' own speedups, its spread their min-max). "
+            f"{env['tokens']} tokens per cell (median, spread min-max). A knob's effect is the change in us/token "
+            "it makes, `t(with) / t(without) - 1` (negative: faster), as the issues state effects; measured, the "
+            "median of the rounds' own effects, its spread their min-max. `diff_pp_as_speedup`: the miss in "
+            "the speedup convention `t(without) / t(with) - 1` of the reports before 2026-11-29. "
             f"{cold_run_note(env)}"
             "Predicted by the simulator with "
             f"`{cal_path or f'data/calibration/{gpu}.json'}` ({cal.name}). Held-out families were never measured "
@@ -322,9 +330,9 @@ def report(measured_path: Path, cal_path: Path | None, gpu: str | None, out_dir:
             continue
         text += [f"\n## {name}: us/token\n\n",
                  _md(d, ["label", "strategy", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct"]),
-                 f"\n## {name}: knob speedups (%)\n\n",
+                 f"\n## {name}: knob effects (% change in us/token)\n\n",
                  _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp",
-                         "pass", "in_spread"])]
+                         "pass", "in_spread", "diff_pp_as_speedup"])]
     pk = per_kernel_table(df)
     if not pk.empty:
         text += ["\n## PDL knobs per kernel (ns)\n\n",
@@ -426,8 +434,10 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
             f"Predicted: the simulator under the llama.cpp calibration {cal_text}, fitted on {fitted_on}; "
             f"held out of the fit: {', '.join(sorted(held_out)) or 'none'}. {tokens} tokens from position "
             f"{start_pos} of a {context}-row context (a row labelled `@ <start>`: its record's own window, here "
-            "the 32k-context gpt-oss cells). A knob's effect is `t(from) / t(to) - 1` (llamacpp_peer.py's "
-            "STEPS). Generated by `benchmarks/sim_fidelity.py report --target llamacpp`.\n\n",
+            "the 32k-context gpt-oss cells). A knob's effect is the change in us/token, `t(to) / t(from) - 1` "
+            "(negative: faster; llamacpp_peer.py's STEPS); `diff_pp_as_speedup`: the miss in the speedup "
+            "convention `t(from) / t(to) - 1` of the reports before 2026-11-29. "
+            "Generated by `benchmarks/sim_fidelity.py report --target llamacpp`.\n\n",
             f"{verdict} {_lease_note(kn)}\n\n",
             "## Summary\n\n", _md(sm, list(sm.columns))]
     for held, name in ((False, "Fitted families"), (True, "Held-out families")):
@@ -437,9 +447,10 @@ def report_llamacpp(measured_path: Path, traces: Path | None, cal_path: Path | N
         text += [f"\n## {name}: us/token\n\n",
                  _md(d, ["label", "strategy", "tool", "us_per_token", "us_min", "us_max", "predicted_us", "error_pct",
                          "pass"]),
-                 f"\n## {name}: knob effects (%)\n\n",
+                 f"\n## {name}: knob effects (% change in us/token)\n\n",
                  _md(k, ["model", "knob", "measured_pct", "measured_lo", "measured_hi", "predicted_pct", "diff_pp",
-                         "pass", "in_spread", *(["same_lease"] if "same_lease" in k.columns else [])])]
+                         "pass", "in_spread", *(["same_lease"] if "same_lease" in k.columns else []),
+                         "diff_pp_as_speedup"])]
     if traces is not None:
         text += ["\n## Where the misses come from\n\n", LLAMACPP_CAUSES]
         ops = op_time_table(traces, cal, held_out)

@@ -271,25 +271,30 @@ def test_pdl_per_kernel_is_the_saving_over_the_kernel_count(bench) -> None:
     assert row["predicted_ns_per_kernel"] == pytest.approx(250.0) and row["diff_ns"] == pytest.approx(-250.0)
 
 
-def test_a_knob_effect_is_the_median_of_the_rounds_own_speedups() -> None:
+def test_a_knob_effect_is_the_median_of_the_rounds_own_effects() -> None:
     """Round by round, each cell of one interleaved run is timed beside the other: a slow round
-    moves both and cancels in its own speedup, where the ratio of the cells' medians mixes rounds.
-    A model's cold first run is left out of the pairs; cells without rounds (llama.cpp's
+    moves both and cancels in its own effect, where the ratio of the cells' medians mixes rounds.
+    An effect is the change in us/token (negative: faster), as the issues state effects. A
+    model's cold first run is left out of the pairs; cells without rounds (llama.cpp's
     repetitions) give the ratio of their medians, spread from the cells' min-max."""
-    from workbench.exec.calibrate.decode_matrix import knob_effect
+    from workbench.exec.calibrate.decode_matrix import effect_as_speedup, effect_pct, knob_effect
 
     eager = {"runs_us": [1000.0, 1400.0, 1010.0, 1390.0, 990.0], "us_per_token": 1010.0,
              "us_min": 990.0, "us_max": 1400.0}
     knob = {"runs_us": [900.0, 1260.0, 920.0, 1250.0, 880.0], "us_per_token": 920.0,
             "us_min": 880.0, "us_max": 1260.0}
     m, lo, hi = knob_effect(eager, knob)
-    r = sorted(100 * (a / b - 1) for a, b in zip(eager["runs_us"], knob["runs_us"]))
+    r = sorted(100 * (b / a - 1) for a, b in zip(eager["runs_us"], knob["runs_us"]))
     assert (m, lo, hi) == (pytest.approx(r[2]), pytest.approx(r[0]), pytest.approx(r[-1]))
-    assert 9.7 < lo and hi < 12.6  # the ratio of medians' cross spread would read -21.4 .. +59.1 %
-    warm = sorted(100 * (a / b - 1) for a, b in zip(eager["runs_us"][1:], knob["runs_us"][1:]))
+    assert -11.2 < lo and hi < -8.8  # the ratio of medians' cross spread would read -37.1 .. +27.3 %
+    warm = sorted(100 * (b / a - 1) for a, b in zip(eager["runs_us"][1:], knob["runs_us"][1:]))
     m0, lo0, hi0 = knob_effect({**eager, "cold_run": 0.0}, knob)  # round 0 left out
     assert (m0, lo0, hi0) == (pytest.approx(float(np.median(warm))), pytest.approx(warm[0]), pytest.approx(warm[-1]))
     no_rounds = [{k: v for k, v in cell.items() if k != "runs_us"} for cell in (eager, knob)]
     plain = knob_effect(*no_rounds)
-    assert plain == (pytest.approx(100 * (1010 / 920 - 1)), pytest.approx(100 * (990 / 1260 - 1)),
-                     pytest.approx(100 * (1400 / 880 - 1)))
+    assert plain == (pytest.approx(100 * (920 / 1010 - 1)), pytest.approx(100 * (880 / 1400 - 1)),
+                     pytest.approx(100 * (1260 / 990 - 1)))
+    # graphs over eager at twice the speed: -50 % as an effect, +100 % as a speedup
+    assert effect_pct(2000.0, 1000.0) == pytest.approx(-50.0)
+    assert effect_as_speedup(-50.0) == pytest.approx(100.0)
+    assert effect_as_speedup(effect_pct(1010.0, 920.0)) == pytest.approx(100 * (1010 / 920 - 1))

@@ -179,7 +179,9 @@ def decode_cells(decode: Mapping[str, Any], knob: str, tokens: int = 16) -> list
 
 
 def speedup_pct(t_without: float, t_with: float) -> float:
-    """A knob's speedup as the fidelity report writes it: ``t(without) / t(with) - 1``, in %."""
+    """A knob's speedup, ``t(without) / t(with) - 1`` in %: the fit's objective. The reports state
+    effects as the change in us/token (``decode_matrix.effect_pct``); the fit keeps the objective the
+    shipped calibrations were fitted with, so ``workbench calibrate --from-raw`` reproduces them."""
     return 100.0 * (t_without / t_with - 1.0)
 
 
