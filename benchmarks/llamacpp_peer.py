@@ -58,7 +58,7 @@ sys.path.insert(0, str(ROOT))
 from workbench.exec.calibrate.decode_matrix import effect_pct  # noqa: E402
 from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.llamacpp.switches import LLAMACPP_FUSION as FUSIONS  # noqa: E402
-from workbench.strategy import LOGITS_MODES, PDL_TRIGGERS, WORKBENCH_FUSIONS, Strategy  # noqa: E402
+from workbench.strategy import LOGITS_MODES, PDL_TRIGGERS, PDL_WAITS, WORKBENCH_FUSIONS, Strategy  # noqa: E402
 
 #: name -> (Strategy as llama.cpp switches, which models: "all" / "gdn", needs a peer patch)
 CONFIGS: dict[str, tuple[Strategy, str, str | None]] = {
@@ -102,17 +102,20 @@ WEIGHT_DTYPES = ("f16", "q4_0", "q8_0")
 
 
 def ours(strategy: Strategy, own_fusions: bool = False, pdl_trigger: str | None = None,
-         logits: str = "copy") -> Strategy:
+         logits: str = "copy", pdl_wait: str | None = None) -> Strategy:
     """The workbench's equivalent: concurrent streams need our stream-aware allocator; with
     ``own_fusions`` (``--ours-fusion all``) a config with llama.cpp's fusions on also runs the
     workbench's own (norm-mat-vec, qkv-rope-store), ``pdl_trigger`` (``--ours-pdl-trigger``)
-    moves our kernels' PDL launch signal where PDL is on, and ``logits`` (``--ours-logits``) is
-    how our logits reach the host: our best against llama.cpp's best."""
+    moves our kernels' PDL launch signal where PDL is on, ``pdl_wait`` (``--ours-pdl-wait``) their
+    wait (``start``: no weight loads before it, as llama.cpp's kernels), and ``logits``
+    (``--ours-logits``) is how our logits reach the host: our best against llama.cpp's best."""
     strategy = strategy.with_(logits=logits)
     if own_fusions and strategy.fusion:
         strategy = strategy.with_(fusion=strategy.fusion | frozenset(WORKBENCH_FUSIONS))
     if pdl_trigger and strategy.pdl:
         strategy = strategy.with_(pdl_trigger=pdl_trigger)
+    if pdl_wait and strategy.pdl:
+        strategy = strategy.with_(pdl_wait=pdl_wait)
     return strategy.with_(allocator="stream-aware") if strategy.streams == "qkv" else strategy
 
 
@@ -241,10 +244,13 @@ class Bench:
             if self.llama_bench:
                 self.measure("llama-bench", dict(common, pair=pair), lambda: self.bench_tool(gguf, env))
         if not self.args.no_ours:
-            mine = ours(strategy, self.args.ours_fusion == "all", self.args.ours_pdl_trigger, self.args.ours_logits)
+            mine = ours(strategy, self.args.ours_fusion == "all", self.args.ours_pdl_trigger, self.args.ours_logits,
+                        self.args.ours_pdl_wait)
             tag = {"ours_fusion": self.args.ours_fusion} if self.args.ours_fusion != "llamacpp" else {}
             if mine.pdl and mine.pdl_trigger != strategy.pdl_trigger:
                 tag["ours_pdl_trigger"] = mine.pdl_trigger
+            if mine.pdl and mine.pdl_wait != strategy.pdl_wait:
+                tag["ours_pdl_wait"] = mine.pdl_wait
             if mine.logits != "copy":
                 tag["ours_logits"] = mine.logits
             self.measure("cuda", dict(common, **tag), lambda: self.workbench(cfg, mine, ids, "cuda"))
@@ -389,6 +395,9 @@ def summarize(recs: list[dict]) -> str:
              + "".join(sorted({f"; with `--ours-pdl-trigger {r['ours_pdl_trigger']}`, ours and sim place their "
                                f"kernels' PDL launch signal at `{r['ours_pdl_trigger']}` where PDL is on "
                                "(llama.cpp keeps its own placement)" for r in recs if r.get("ours_pdl_trigger")}))
+             + "".join(sorted({f"; with `--ours-pdl-wait {r['ours_pdl_wait']}`, ours and sim wait for the previous "
+                               f"kernel at `{r['ours_pdl_wait']}` where PDL is on" for r in recs
+                               if r.get("ours_pdl_wait")}))
              + "".join(sorted({f"; with `--ours-logits {r['ours_logits']}`, ours and sim have their logits written "
                                "into mapped pinned host memory by their kernel (no D2H copy; llama.cpp copies them)"
                                for r in recs if r.get("ours_logits")}))
@@ -482,6 +491,9 @@ def main() -> int:
     p.add_argument("--ours-pdl-trigger", choices=PDL_TRIGGERS, default=None,
                    help="ours (and sim) with their PDL launch signal at this position where PDL is on "
                         "(default: the Strategy's, which maps llama.cpp's placement)")
+    p.add_argument("--ours-pdl-wait", choices=PDL_WAITS, default=None,
+                   help="ours (and sim) with their PDL wait at this position where PDL is on (default: the "
+                        "Strategy's, first-read: weight loads issued before it; start: none, as llama.cpp's kernels)")
     p.add_argument("--ours-logits", choices=LOGITS_MODES, default="copy",
                    help="ours (and sim) with their logits copied to the host (default, as llama.cpp) or written "
                         "there by their kernel (zero-copy)")

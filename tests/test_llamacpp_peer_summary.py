@@ -60,3 +60,20 @@ def test_the_agreement_is_the_ratio_of_each_back_to_back_pair():
     assert np.allclose(ratios, [1010 / 995, 1100 / 1110])
     md = peer.summarize(recs)
     assert "| +0.3 % [-0.9..+1.5] |" in md
+
+
+def test_the_fusion_effect_by_pdl_placement_reads_the_committed_grid() -> None:
+    """benchmarks/fusion_pdl_placement.py pairs each placement's fusion-off and fusion-on cells by
+    round; with llama.cpp's wait and mat-vec signal placement the effect is session 32's -9.2 %,
+    with the Strategy default -5.5 % (data/bench/speed_h200.md, session 32)."""
+    import sys
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    sys.path.insert(0, str(root / "benchmarks"))
+    from fusion_pdl_placement import report
+
+    text = report(root / "data" / "bench" / "pdl_fusion_grid_1b_h200_s32.jsonl")
+    rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
+    assert "-9.2 %" in rows["start, after-main-loop"] and "-5.5 %" in rows["first-read, start"]
+    assert "-11.4 %" in rows["PDL off"] and len(rows) == 6  # header + PDL off + four placements
