@@ -8,14 +8,14 @@ against off (``llamacpp_peer.CONFIGS``' ``no_fusion`` / ``default`` Strategies, 
 replaced), PDL off beside them. One interleaved run (``decode_matrix.measure_model``): the effect
 is the median of the rounds' own effects (``decode_matrix.knob_effect``), spread their min-max.
 
-    python3 benchmarks/fusion_pdl_placement.py measure --out $OUT/pdl_fusion_grid.jsonl   # GPU
+    python3 benchmarks/fusion_pdl_placement.py measure --out $OUT/pdl_fusion_grid.jsonl \\
+        [--models llama-3.2-1b,llama-3.1-8b]                                          # GPU
     python3 benchmarks/fusion_pdl_placement.py report data/bench/pdl_fusion_grid_1b_h200_s32.jsonl
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 
@@ -24,7 +24,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from llamacpp_peer import CONFIGS  # noqa: E402
 
-from workbench.exec.calibrate.decode_matrix import MatrixModel, knob_effect, read_matrix  # noqa: E402
+from workbench.exec.calibrate.decode_matrix import MatrixModel, effect_pct, knob_effect, read_matrix  # noqa: E402
 from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 from workbench.strategy import Strategy  # noqa: E402
 
@@ -43,33 +43,47 @@ def pairs() -> list[tuple[str, Strategy, Strategy]]:
     return out
 
 
-def measure(out: Path, spec: ModelSpec, tokens: int, rounds: int) -> None:
-    from workbench.exec.calibrate.decode_matrix import measure_model
-    from workbench.exec.calibrate.environment import environment, warm_gpu
+def measure(out: Path, specs: list[ModelSpec], tokens: int, rounds: int, budget_s: float | None = None) -> None:
+    """Each model's cells, one interleaved run a model (``decode_matrix.measure_matrix``)."""
+    from workbench.exec.calibrate.decode_matrix import measure_matrix
 
-    m = MatrixModel(spec, tuple(st for _, a, b in pairs() for st in (a, b)))
-    with out.open("w") as f:
-        f.write(json.dumps({"kind": "environment", **environment(), "tokens": tokens, "repeats": rounds,
-                            "settle_run": True}) + "\n")
-        warm_gpu()
-        for row in measure_model(m, tokens, rounds):
-            f.write(json.dumps(row) + "\n")
+    sts = tuple(st for _, a, b in pairs() for st in (a, b))
+    measure_matrix([MatrixModel(spec, sts) for spec in specs], out, tokens, rounds, budget_s=budget_s)
 
 
-def report(path: Path) -> str:
+def report(path: Path, cal=None) -> str:
+    """The table per model; with ``cal`` (a Calibration), the simulator's us/token of each cell
+    and its fusion effect beside the measured ones."""
     env, df = read_matrix(path)
-    by = df.set_index("strategy")
     lines = [f"{env['gpu_name']}, driver {env.get('driver_version', '?')}, {str(env.get('date', ''))[:10]}, "
-             f"{env['repeats']} rounds of {env['tokens']} tokens (`{path.name}`)", "",
-             "| our PDL placement (wait, signal) | fusion off | llama.cpp's fusion set "
-             "| fusion effect [rounds' min..max] |",
-             "|---|---:|---:|---:|"]
-    for name, a, b in pairs():
-        if a.label() in by.index and b.label() in by.index:
+             f"{env['repeats']} rounds of {env['tokens']} tokens (`{path.name}`)"]
+    for label, g in df.groupby("label", sort=False):
+        by = g.set_index("strategy")
+        spec = ModelSpec(g["model"].iloc[0], None if g["layers"].isna().iloc[0] else int(g["layers"].iloc[0]),
+                         int(g["context"].iloc[0]), int(g["pos"].iloc[0]))
+        sim = cal is not None
+        lines += ["", f"**{label}**", "",
+                  "| our PDL placement (wait, signal) | fusion off | llama.cpp's fusion set "
+                  "| fusion effect [rounds' min..max] |" + (" simulated: off / on / effect |" if sim else ""),
+                  "|---|---:|---:|---:|" + ("---:|" if sim else "")]
+        for name, a, b in pairs():
+            if a.label() not in by.index or b.label() not in by.index:
+                continue
             m, lo, hi = knob_effect(by.loc[a.label()], by.loc[b.label()])
-            lines.append(f"| {name} | {by.at[a.label(), 'us_per_token']:.1f} | {by.at[b.label(), 'us_per_token']:.1f} "
-                         f"| {m:+.1f} % [{lo:+.1f}..{hi:+.1f}] |")
+            row = (f"| {name} | {by.at[a.label(), 'us_per_token']:.1f} | {by.at[b.label(), 'us_per_token']:.1f} "
+                   f"| {m:+.1f} % [{lo:+.1f}..{hi:+.1f}] |")
+            if sim:
+                pa, pb = (simulated_us(spec, st, int(g["tokens"].iloc[0]), cal) for st in (a, b))
+                row += f" {pa:.1f} / {pb:.1f} / {effect_pct(pa, pb):+.1f} % |"
+            lines.append(row)
     return "\n".join(lines) + "\n"
+
+
+def simulated_us(spec: ModelSpec, strategy: Strategy, tokens: int, cal) -> float:
+    import workbench
+
+    return float(workbench.run(spec.config(), strategy, tokens=tokens, backend="sim", start_pos=spec.pos,
+                               calibration=cal, quiet=True).stats["us_per_token"])
 
 
 def main() -> int:
@@ -77,16 +91,20 @@ def main() -> int:
     sub = p.add_subparsers(dest="cmd", required=True)
     m = sub.add_parser("measure")
     m.add_argument("--out", type=Path, required=True)
-    m.add_argument("--model", default="llama-3.2-1b")
+    m.add_argument("--models", default="llama-3.2-1b", help="comma-separated presets (full size, context 512)")
     m.add_argument("--tokens", type=int, default=64)
     m.add_argument("--rounds", type=int, default=7)
+    m.add_argument("--budget", type=float, default=None, help="start no model after this many seconds")
     r = sub.add_parser("report")
     r.add_argument("path", type=Path)
+    r.add_argument("--gpu", help="also simulate each cell with this GPU's calibration (h200, h100)")
     a = p.parse_args()
     if a.cmd == "measure":
-        measure(a.out, ModelSpec(a.model, None, 512, 448), a.tokens, a.rounds)
+        measure(a.out, [ModelSpec(m, None, 512, 448) for m in a.models.split(",")], a.tokens, a.rounds, a.budget)
     else:
-        print(report(a.path))
+        from workbench.exec.calibration import load_calibration
+
+        print(report(a.path, load_calibration(a.gpu) if a.gpu else None))
     return 0
 
 

@@ -50,7 +50,7 @@ from .floor import check_conservation, floor_of
 # stream-op kinds
 KERNEL, MEMCPY, WAIT, GRAPH = 0, 1, 2, 3
 # heap actions
-_TRY, _PROLOGUE, _SEGMENT, _GATE, _END, _GRAPH_START = range(6)
+_TRY, _PROLOGUE, _SEGMENT, _GATE, _END, _GRAPH_START, _DELAY = range(7)
 #: engine keys of a graph's internal streams: base + the Plan's stream id
 _GRAPH_STREAMS = 1 << 20
 _NAN = math.nan
@@ -63,7 +63,7 @@ class _Kernel:
     """A kernel that has started: its cost and where it is in its steps."""
 
     cost: KernelCost
-    steps: list[tuple[str, float]]   # ("work", amount) / ("gate", 0) / ("trigger", 0)
+    steps: list[tuple[str, float]]   # ("work", amount) / ("gate", 0) / ("delay", ns) / ("trigger", 0)
     i: int
     tail_ns: float
     pdl_pred: int                    # the kernel it may overlap (PDL), -1 if none
@@ -434,6 +434,8 @@ class _Engine:
         elif action == _GATE:
             self.running[a].gate_open = True
             self._advance_kernel(a)
+        elif action == _DELAY:
+            self._advance_kernel(a)
         elif action == _END:
             self._end(a)
         elif action == _GRAPH_START:
@@ -556,6 +558,12 @@ class _Engine:
             # predecessor's retire, unevenly, and its main loop runs that much slower
             rest = rest * cost.early_scale + cost.early_ns * cost.cap
         steps: list[tuple[str, float]] = [("work", pre_work), ("gate", 0.0)]
+        # what a first-read kernel does before its wait (index arithmetic, a mat-vec's first weight
+        # loads: ``pdl_first_read_setup_ns``, overlapped with the predecessor in ``pre``) comes after
+        # the wait, before the main loop, when the kernel waits at its start (as llama.cpp's do)
+        setup = cal.pdl_first_read_setup_ns if pdl and wait == "start" else 0.0
+        if setup:
+            steps.append(("delay", setup))
         trigger = la.trigger
         if trigger == "after-main-loop":
             steps += [("work", rest * (1.0 - cost.write_fraction)), ("trigger", 0.0),
@@ -564,7 +572,7 @@ class _Engine:
             steps += [("work", rest), ("trigger", 0.0)]
         else:
             steps.append(("work", rest))
-        self.running[o] = _Kernel(cost, steps, 0, cost.fixed_ns - pre, pdl_pred if pdl else -1)
+        self.running[o] = _Kernel(cost, steps, 0, cost.fixed_ns - pre - setup, pdl_pred if pdl else -1)
         if trigger == "start":
             self._trigger(o)
         self._push(self.now + pre, _PROLOGUE, o)
@@ -598,6 +606,10 @@ class _Engine:
                         return
                 k.gate_open = True
                 k.i += 1
+            elif what == "delay":
+                k.i += 1
+                self._push(self.now + amount, _DELAY, o)
+                return
             else:  # trigger
                 k.i += 1
                 self._trigger(o)
