@@ -528,3 +528,22 @@ def test_kernels_llamacpp_launches_plainly_take_no_pdl():
     moe = next(la.node for la in llamacpp_plan(preset("qwen3-30b-a3b", layers=1), pdl, 512).launches
                if la.node.op == "MUL_MAT_ID")
     assert launched_plainly(moe, preset("qwen3-30b-a3b", layers=1))
+
+
+def test_llamacpp_fit_takes_the_base_without_the_executors_first_read_setup():
+    """llama.cpp's kernels wait before any work, so its fit starts from the cuda base less the
+    work our kernels do before a first-read wait: setup 0, and both PDL releases (which absorbed
+    that overlap in the base's refit) less it; a base without the term passes unchanged."""
+    from workbench.exec.calibrate.llamacpp_fit import without_first_read_setup
+
+    base = json.loads((CALIBRATION_DIR / "h200.json").read_text())
+    dev = base["device"]
+    assert dev["pdl_first_read_setup_ns"] > 0
+    out = without_first_read_setup(base)
+    assert out["device"]["pdl_first_read_setup_ns"] == 0.0
+    for fld in ("pdl_release_ns", "eager_pdl_release_ns"):
+        assert out["device"][fld] == max(0.0, dev[fld] - dev["pdl_first_read_setup_ns"])
+    parse_calibration(out, "llama.cpp base")  # every field still sourced
+    assert base["device"]["pdl_first_read_setup_ns"] == dev["pdl_first_read_setup_ns"]  # the base is not edited
+    plain = copy.deepcopy(out)
+    assert without_first_read_setup(plain) == plain
