@@ -97,6 +97,16 @@ class _Every:
 #: the binder without its measured shape tables (cuda_ops.HEAD_DEEP_RING, MMV_BLOCK_SHAPES)
 NO_TABLES = {"HEAD_DEEP_RING": frozenset(), "MMV_BLOCK_SHAPES": frozenset()}
 
+#: graph replay with PDL signalling at each kernel's start (the fidelity report's ``pdl`` knob)
+GRAPHS_PDL = Strategy(graphs=True, pdl=True)
+
+
+def _rows_per_warp_at(rows: int, rpw: int) -> Callable[[int], int]:
+    """``cuda_ops._rows_per_warp`` with ``rpw`` rows a warp for mat-vecs of ``rows`` output rows."""
+    default = cuda_ops._rows_per_warp
+    return lambda n: rpw if n == rows else default(n)
+
+
 #: variant sets: name -> (strategy, {cuda_ops attribute: value})
 VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
     "grid": {"base": (BEST, {}),
@@ -132,6 +142,32 @@ VARIANTS: dict[str, dict[str, tuple[Strategy, dict[str, Any]]]] = {
              "block_longk_head_u4": (BEST, {**NO_TABLES, "HEAD_DEEP_RING": _Every(), "_BINDERS": _BLOCK_LONGK}),
              "nopdl_base": (BEST.with_(pdl=False), dict(NO_TABLES)),
              "nopdl_head_u4": (BEST.with_(pdl=False), {**NO_TABLES, "HEAD_DEEP_RING": _Every()})},
+    # the grids that lose time when PDL launches them early (data/bench/pdl_saving_by_model_h200.md:
+    # gpt-oss-20b's 360-block expert and o_proj mat-vecs, qwen3-8b's 512-block gate/up), each with
+    # PDL signalling at the start and without PDL: the expert mat-vecs' lanes a row (360 blocks at
+    # 8; 16: 720, 4: 180) or the whole-warp kernel, o_proj (2880 rows) on the block kernel, and
+    # qwen3-8b's 12288-row mat-vecs at 2 or 4 rows a warp (768, 384 blocks) instead of 3 (512)
+    "pdl_early": {name: (GRAPHS_PDL if pdl else Strategy(graphs=True), patch)
+                  for base, patch in (("base", {}), ("seg16", {"MMV_SEG_LANES": 16}), ("seg4", {"MMV_SEG_LANES": 4}),
+                                      ("noseg", {"MMV_SEG_K_MAX": 0}), ("block_o", {"MMV_ROWS_MIN": 2881}),
+                                      ("rpw2", {"_rows_per_warp": _rows_per_warp_at(12288, 2)}),
+                                      ("rpw4", {"_rows_per_warp": _rows_per_warp_at(12288, 4)}))
+                  for pdl in (True, False) for name in [base if pdl else f"nopdl_{base}"]},
+    # gpt-oss-20b's expert mat-vecs on the whole-warp kernel and its o_proj on the block kernel
+    # (each faster under PDL signalling at the start in "pdl_early"), together, under that, the
+    # peer's best strategy (PDL signalling after the main loop, every fusion) and no PDL
+    "gptoss_grids": {name: (st, patch)
+                     for base, patch in (("base", {}), ("noseg_block_o", {"MMV_SEG_K_MAX": 0, "MMV_ROWS_MIN": 2881}))
+                     for prefix, st in (("", GRAPHS_PDL), ("best_", BEST), ("nopdl_", Strategy(graphs=True)))
+                     for name in [prefix + base]},
+    # qwen3-8b's gate/up (12288 x 4096) on the block kernel (1536 blocks) instead of the
+    # row-streaming one (512), under PDL signalling at the start, the best strategy and no PDL
+    "qwen3_gate_up": {name: (st, patch)
+                      for base, patch in (("base", {}),
+                                          ("block_gate_up", {"MMV_BLOCK_SHAPES": cuda_ops.MMV_BLOCK_SHAPES
+                                                             | {(12288, 4096)}}))
+                      for prefix, st in (("", GRAPHS_PDL), ("best_", BEST), ("nopdl_", Strategy(graphs=True)))
+                      for name in [prefix + base]},
     # the measured shape tables (cuda_ops.HEAD_DEEP_RING, MMV_BLOCK_SHAPES) against each emptied,
     # both emptied (the binder before them), every fused lm_head on the deep ring, and mat-vecs of
     # K >= 8192 under 8193 rows on the block kernel
