@@ -7,6 +7,8 @@ fusion effect depends on the placement: this measures it for each (wait, signal)
 against off (``llamacpp_peer.CONFIGS``' ``no_fusion`` / ``default`` Strategies, placement
 replaced), PDL off beside them. One interleaved run (``decode_matrix.measure_model``): the effect
 is the median of the rounds' own effects (``decode_matrix.knob_effect``), spread their min-max.
+The same runs give what a wait at the kernel's start costs against one at first-read, per kernel:
+the H200 calibration's ``pdl_first_read_setup_ns`` (data/bench/pdl_placement_fusion_h200_s32.md).
 
     python3 benchmarks/fusion_pdl_placement.py measure --out $OUT/pdl_fusion_grid.jsonl \\
         [--models llama-3.2-1b,llama-3.1-8b]                                          # GPU
