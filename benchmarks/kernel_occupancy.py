@@ -10,20 +10,21 @@ from __future__ import annotations
 
 import argparse
 import csv
-from math import ceil, prod
+from math import prod
 from pathlib import Path
 
 MODELS = ("llama-3.2-1b", "llama-3.1-8b", "qwen3-8b", "gpt-oss-20b", "qwen3-30b-a3b")
 
 
-def resident_blocks(threads: int, regs: int, smem: int, sm_regs: int = 65536, sm_smem: int = 233472,
-                    sm_threads: int = 2048, max_blocks: int = 32) -> int:
-    """Blocks of one kernel an SM holds at once (Hopper's limits: registers allocated per warp in
-    units of 256, 1 KB of shared memory reserved per block)."""
-    warps = ceil(threads / 32)
-    by_regs = sm_regs // (ceil(regs * 32 / 256) * 256 * warps) if regs else max_blocks
-    by_smem = sm_smem // (smem + 1024) if smem else max_blocks
-    return min(max_blocks, sm_threads // threads, by_regs, by_smem)
+def resident_blocks(function, threads: int) -> int:
+    """Blocks of ``function`` (a CuPy kernel) of ``threads`` threads an SM holds at once: the
+    driver's occupancy calculator (registers, shared memory, the carveout the executor set)."""
+    from cuda.bindings import driver as cu
+
+    err, n = cu.cuOccupancyMaxActiveBlocksPerMultiprocessor(cu.CUfunction(function.kernel.ptr), threads, 0)
+    if err != cu.CUresult.CUDA_SUCCESS:
+        raise RuntimeError(f"cuOccupancyMaxActiveBlocksPerMultiprocessor: {err}")
+    return int(n)
 
 
 def measure(models: tuple[str, ...]) -> list[dict]:
@@ -41,7 +42,7 @@ def measure(models: tuple[str, ...]) -> list[dict]:
             for la, call in zip(b.plan.launches, b.calls):
                 fn = ex.modules.function(call.source, call.name, *ex._placement(la))
                 regs, smem, threads = int(fn.num_regs), int(fn.attributes["shared_size_bytes"]), int(prod(call.block))
-                bps = resident_blocks(threads, regs, smem)
+                bps = resident_blocks(fn, threads)
                 rows.append({"model": model, "node": la.node.name, "op": la.node.op, "kernel": call.name,
                              "blocks": int(prod(call.grid)), "threads": threads, "regs": regs, "smem": smem,
                              "blocks_per_sm": bps, "waves": round(prod(call.grid) / (bps * sms), 3)})
