@@ -424,7 +424,7 @@ class _Engine:
             if self.pending_try.get(a) == t:
                 del self.pending_try[a]
                 self._try(a)
-        elif action == _PROLOGUE:
+        elif action == _PROLOGUE or action == _DELAY:  # a kernel's next step is due
             self._advance_kernel(a)
         elif action == _SEGMENT:
             f = self.fluid.get(a)
@@ -433,8 +433,6 @@ class _Engine:
                 self._advance_kernel(a)
         elif action == _GATE:
             self.running[a].gate_open = True
-            self._advance_kernel(a)
-        elif action == _DELAY:
             self._advance_kernel(a)
         elif action == _END:
             self._end(a)
