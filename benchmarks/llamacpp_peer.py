@@ -144,7 +144,11 @@ class Bench:
         self.folder = build_folder(LlamaCppOptions(build=args.llamacpp))
         self.build = BuildInfo.of(self.folder)
         self.llama_bench = llama_bench(self.folder)
+        if args.no_backend and not self.llama_bench:
+            raise SystemExit(f"--no-backend times llama-bench alone, and the llama.cpp build in {self.folder} has "
+                             "none: build it with llama-bench (.peer/device_build.sh does)")
         self.t0 = time.time()
+        self.run_id = datetime.datetime.now(datetime.UTC).strftime("%H%M%S")
         self.info = gpu_info()
         self.jsonl = Path(args.jsonl)
         self.jsonl.parent.mkdir(parents=True, exist_ok=True)
@@ -158,7 +162,9 @@ class Bench:
         return self.args.budget_s - (time.time() - self.t0)
 
     def emit(self, **rec: Any) -> None:
-        rec.update(self.info, date=datetime.date.today().isoformat())
+        # ``run``: this invocation, so that rounds of two calls on one day stay apart when a knob's
+        # effect pairs its cells' processes round by round (``llamacpp_fit.measured_table``)
+        rec.update(self.info, date=datetime.date.today().isoformat(), run=self.run_id)
         with open(self.jsonl, "a") as f:
             f.write(json.dumps(rec) + "\n")
         us = rec.get("us", [])
@@ -240,7 +246,8 @@ class Bench:
             return
         common["env"] = env
         for pair in range(self.args.pairs):  # A B A B: each pair's ratio is the agreement measure
-            self.measure("llamacpp", dict(common, pair=pair), lambda: self.llamacpp(cfg, strategy, ids))
+            if not self.args.no_backend:
+                self.measure("llamacpp", dict(common, pair=pair), lambda: self.llamacpp(cfg, strategy, ids))
             if self.llama_bench:
                 self.measure("llama-bench", dict(common, pair=pair), lambda: self.bench_tool(gguf, env))
         if not self.args.no_ours:
@@ -486,6 +493,10 @@ def main() -> int:
                    help="seconds one configuration may take: none starts with less budget left (default 45)")
     p.add_argument("--ours-runs", type=int, default=3, help="cuda backend runs per round")
     p.add_argument("--no-ours", action="store_true", help="llama.cpp and llama-bench only")
+    p.add_argument("--no-backend", action="store_true",
+                   help="llama-bench alone, without the llamacpp backend: a process in ~2 s instead of ~6, so "
+                        "more rounds fit a lease (a knob's effect pairs its cells' processes round by round, and "
+                        "one llama.cpp process differs from the next by 1-5 %%)")
     p.add_argument("--ours-fusion", default="llamacpp", choices=("llamacpp", "all"),
                    help="ours with llama.cpp's fusion set (default), or with the workbench's own fusions added")
     p.add_argument("--ours-pdl-trigger", choices=PDL_TRIGGERS, default=None,

@@ -521,15 +521,19 @@ calibration file):
   reduction, add_id, swiglu_oai, clamp and llama's `rope_norm` (`llamacpp_schedule.launched_plainly`).
   In the captures with PDL on, those start before their predecessor ends at 7-25 % of their boundaries
   (timestamp jitter), the kernels launched through `ggml_cuda_kernel_launch` at 44-100 %. This is why
-  PDL buys gpt-oss-20b almost nothing (measured -0.2 and +0.9 %).
+  PDL buys gpt-oss-20b little (measured -2.7 % at 8 layers,
+  -2.0 % at 24).
 * **FLASH_ATTN_EXT** is one fit over head sizes that differ (64 and 128 on llama, 256 on qwen3-next):
   too slow on llama, too fast on qwen3-next.
 * **Eager cells** (`eager`, `no_graphs_pdl0`) carry the host's noise: qwen3-30b-a3b's eager cell differs
   by 23 % between the backend and llama-bench in the same lease (`llamacpp_peer_f16_h200_s19a.md`), so
   the knobs measured from eager (`CUDA graphs (PDL off)`, `stack: + graphs`) miss on the MoE models.
-* **Run-to-run spread**: one process of llama.cpp differs from the next by 1-5 % in the same lease
-  (`backend vs llama-bench`, same build and switches), as large as the 2-point bound: qwen3-next's sync
-  knobs measured 2.8 and 3.5 % in the 2026-11-25 lease and 6.5 % in the 2026-11-27 one.
+* **Run-to-run spread**: one process of llama.cpp differs from the next by 1-5 % in the same lease, as
+  large as the 2-point bound, while the repetitions inside a process agree within 0.5 % (2026-11-29,
+  `llamacpp_bench_rounds_h200_s33.jsonl`: 4-12 llama-bench processes a cell, standard deviation of
+  the process medians 1.6 % at the median cell). A knob's effect therefore pairs its two cells'
+  processes round by round (`decode_matrix.knob_effect` on `measured_table`'s `runs`) and takes the
+  median of the rounds' effects; with 4 rounds that median still carries about 1.4 points of noise.
 * **Cross-lease effects** (`same_lease` False, counted in the verdict): the two cells were measured on
   different machine leases, so the effect carries the two leases' drift as well as the knob.
 """

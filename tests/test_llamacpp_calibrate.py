@@ -58,8 +58,9 @@ def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fit
 
 
 CAPTURES = TRACES / "h200_captures"
-#: the H200 peer runs: every cell re-measured in one lease (2026-11-27) but for those it lacks (v2's)
-PEER = ROOT / "data" / "bench" / "llamacpp_peer_v3_h200.jsonl"
+#: the H200 peer runs: llama-bench alone, 4-12 processes per cell in one lease (2026-11-29), and the
+#: cells it lacks (gpt-oss-20b at 24 layers and at 32k context) from v3
+PEER = ROOT / "data" / "bench" / "llamacpp_peer_v4_h200.jsonl"
 #: the 2026-11-25 runs alone (two leases)
 PEER_V2 = ROOT / "data" / "bench" / "llamacpp_peer_v2_h200.jsonl"
 
@@ -152,6 +153,33 @@ def test_knob_effects_say_whether_their_cells_share_a_lease():
     kn = knob_table(df, steps).set_index("knob")
     assert not kn.at["pdl", "same_lease"] and kn.at["graphs", "same_lease"]
     assert "same_lease" not in knob_table(df.drop(columns="leases"), steps).columns
+
+
+def test_knob_effects_pair_llamacpp_processes_round_by_round(tmp_path):
+    """Each record is one llama.cpp process: a knob's effect is the median of the per-round
+    effects of its two cells' processes, not the ratio of pooled repetitions, and two calls'
+    round 0 (``run``) stay apart."""
+    from workbench.exec.calibrate.decode_matrix import knob_effect
+    from workbench.exec.calibrate.llamacpp_fit import measured_table
+
+    # process medians: a slow process (round 1 of the first call) moves both of its round's cells
+    us = {("c1", 0): (1000, 900), ("c1", 1): (1100, 1001), ("c2", 0): (1010, 900), ("c2", 1): (990, 900)}
+    path = tmp_path / "peer.jsonl"
+    path.write_text("".join(json.dumps({"tool": "llama-bench", "model": "llama-3.2-1b", "config": cfg,
+                                        "us": [v, v + 1, v - 1], "round": rnd, "pair": 0, "run": run,
+                                        "date": "2026-11-29", "session": 33, "context": 512, "start_pos": 448,
+                                        "tokens": 64}) + "\n"
+                            for (run, rnd), pair in us.items() for cfg, v in zip(("pdl0", "default"), pair)))
+    t = measured_table(path).set_index("config")
+    assert len(t.at["pdl0", "runs"]) == 4 and t.at["pdl0", "runs"]["2026-11-29/33/c2/0/0"] == 1010
+    m, lo, hi = knob_effect(t.loc["pdl0"], t.loc["default"])
+    per_round = sorted(100 * (b / a - 1) for a, b in us.values())
+    assert m == pytest.approx((per_round[1] + per_round[2]) / 2)
+    assert (lo, hi) == (pytest.approx(per_round[0]), pytest.approx(per_round[-1]))
+    # one process a cell: the ratio of the medians, as before
+    one = {k: v for k, v in t.at["pdl0", "runs"].items() if "/c1/0/" in k}
+    assert knob_effect(dict(t.loc["pdl0"], runs=one), t.loc["default"])[0] == pytest.approx(
+        100 * (t.at["default", "us_per_token"] / t.at["pdl0", "us_per_token"] - 1))
 
 
 def test_kernel_counts_compare_a_capture_with_the_schedule():

@@ -209,8 +209,16 @@ def knob_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, floa
     effects and the spread their min-max. Each round compares its strategies within the same
     minutes, so a slow phase of the host that moves a whole round cancels (eager cells spread up
     to 60 % between rounds: data/bench/calibration_h200_s31.md). A model's cold first run
-    (``drop_cold_runs``) is left out of the pairs. Otherwise (llama.cpp's repetitions, per
-    configuration) it is the ratio of the medians, with the spread of the cells' min-max."""
+    (``drop_cold_runs``) is left out of the pairs. Cells of llama.cpp (``llamacpp_fit.measured_table``)
+    hold ``runs``, each process's median by its round: the effect pairs the processes of the rounds
+    both cells ran (at least two). Otherwise it is the ratio of the medians, with the spread of the
+    cells' min-max."""
+    ka, kb = a.get("runs"), b.get("runs")
+    if isinstance(ka, Mapping) and isinstance(kb, Mapping):
+        both = sorted(set(ka) & set(kb))
+        if len(both) >= 2:
+            r = np.array([effect_pct(ka[k], kb[k]) for k in both])
+            return float(np.median(r)), float(r.min()), float(r.max())
     ra, rb = a.get("runs_us"), b.get("runs_us")
     if isinstance(ra, (list, tuple, np.ndarray)) and isinstance(rb, (list, tuple, np.ndarray)) \
             and len(ra) == len(rb) >= 2:

@@ -97,9 +97,13 @@ def measured_table(path: Path) -> pd.DataFrame:
     and which tool it is. Context, start position and tokens are the records' (-1 where an older
     record lacks them: the run's defaults). ``leases``: the machine leases the repetitions came
     from (``<date>/<session>``, comma-joined): a knob effect between cells of different leases
-    carries their lease-to-lease drift."""
+    carries their lease-to-lease drift. ``runs``: each process's median (a record: one llama.cpp
+    process, one ``--reps`` series) by ``<date>/<session>/<run>/<round>/<pair>``, so that a knob's effect
+    pairs two cells' processes of the same round (``decode_matrix.knob_effect``): one process of
+    llama.cpp differs from the next by 1-5 %, which pooled repetitions would put into the effect."""
     per: dict[tuple, list[float]] = {}
     leases: dict[tuple, set[str]] = {}
+    runs: dict[tuple, dict[str, float]] = {}
     for line in Path(path).read_text().splitlines():
         if not line.strip():
             continue
@@ -110,7 +114,11 @@ def measured_table(path: Path) -> pd.DataFrame:
         window = tuple(int(r.get(k) if r.get(k) is not None else -1) for k in ("context", "start_pos", "tokens"))
         key = (r["tool"], *model_key(str(r["model"])), str(r["config"]), *window)
         per.setdefault(key, []).extend(map(float, us))
-        leases.setdefault(key, set()).add(f"{r.get('date', '?')}/{r.get('session', '-')}")
+        lease = f"{r.get('date', '?')}/{r.get('session', '-')}"
+        leases.setdefault(key, set()).add(lease)
+        if us:
+            runs.setdefault(key, {})[f"{lease}/{r.get('run', '')}/{r.get('round', 0)}/{r.get('pair', 0)}"] = \
+                float(np.median(us))
     rows = {}
     for key, us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
         tool, model, layers, config, *window = key
@@ -118,9 +126,9 @@ def measured_table(path: Path) -> pd.DataFrame:
             rows[(model, layers, config, *window)] = {
                 "model": model, "layers": layers, "config": config, "context": window[0], "start_pos": window[1],
                 "tokens": window[2], "tool": tool, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
-                "us_max": float(np.max(us)), "leases": ",".join(sorted(leases[key]))}
+                "us_max": float(np.max(us)), "leases": ",".join(sorted(leases[key])), "runs": runs.get(key, {})}
     return pd.DataFrame(list(rows.values()), columns=["model", "layers", "config", "context", "start_pos", "tokens",
-                                                      "tool", "us_per_token", "us_min", "us_max", "leases"])
+                                                      "tool", "us_per_token", "us_min", "us_max", "leases", "runs"])
 
 
 def read_measured(path: Path | None, context: int | None = None) -> dict[tuple[str, int, str], float]:
