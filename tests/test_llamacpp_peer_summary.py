@@ -77,3 +77,32 @@ def test_the_fusion_effect_by_pdl_placement_reads_the_committed_grid() -> None:
     rows = {line.split(" | ")[0].strip("| "): line for line in text.splitlines() if line.startswith("| ")}
     assert "-9.2 %" in rows["start, after-main-loop"] and "-5.5 %" in rows["first-read, start"]
     assert "-11.4 %" in rows["PDL off"] and len(rows) == 6  # header + PDL off + four placements
+
+
+def test_no_backend_needs_llama_bench_and_skips_the_backend(tmp_path, monkeypatch):
+    """``--no-backend`` times llama-bench alone: a build without it is refused by name, and with
+    it a configuration measures llama-bench only (every record one process, tagged with the run)."""
+    import argparse
+
+    import pytest
+
+    peer = _module()
+    for lib in ("libllama.so", "libggml-base.so", "libggml-cuda.so"):  # a CUDA build's libraries
+        (tmp_path / lib).write_bytes(b"\0")
+    args = argparse.Namespace(llamacpp=str(tmp_path), no_backend=True, threads=1, ours_weights="auto",
+                              jsonl=str(tmp_path / "out.jsonl"), budget_s=60.0)
+    monkeypatch.setattr(peer, "gpu_info", lambda: {"gpu": "NVIDIA H200", "driver": "580", "memory": "1 MiB"})
+    with pytest.raises(SystemExit, match="no-backend.*llama-bench"):
+        peer.Bench(args)
+    (tmp_path / "llama-bench").write_bytes(b"")
+    bench = peer.Bench(args)
+    tools = []
+    monkeypatch.setattr(bench, "llamacpp", lambda *a: tools.append("llamacpp") or ([1.0], {}))
+    monkeypatch.setattr(bench, "bench_tool", lambda *a: tools.append("llama-bench") or ([1.0, 1.0], {}))
+    bench.args = argparse.Namespace(**vars(args), pairs=2, no_ours=True, weight_dtype="f16", fill="tiled",
+                                    context=512, start_pos=448, tokens=64)
+    cfg = argparse.Namespace(family="llama")
+    bench.run_config(cfg, "llama-3.2-1b", "default", 0, tmp_path / "m.gguf", [1])
+    assert tools == ["llama-bench", "llama-bench"]
+    recs = peer.load([str(tmp_path / "out.jsonl")])
+    assert [r["pair"] for r in recs] == [0, 1] and len({r["run"] for r in recs}) == 1
