@@ -516,6 +516,10 @@ calibration file):
   (llama-3.2-1b, the qwen3 MoEs) take longer than 4096- and 14336-wide ones (llama-3.1-8b). One line per
   kernel still misses single shapes: the lm_head mat-vec is predicted 7-14 % slow, qwen3-30b-a3b's
   expert down projection (768-wide rows) 18 % slow and its gate / up 6-10 % fast (`_op_times.csv`).
+* **Argsort**: llama.cpp's router argsort (`k_argsort_f32_i32`) is a one-block bitonic sort whose
+  time follows its `s (s + 1) / 2` stages for `2^s` padded columns (5.5, 8.2 and 14.2 us at 32, 128
+  and 512 experts on both GPUs), so its fit is charged per stage (`cost.bitonic_stages`); a fit that
+  sees one width scales with the stages (`llamacpp_knob_noise_h200_s33.md`).
 * **PDL**: llama.cpp launches some kernels plainly (`<<<...>>>`, not `ggml_cuda_kernel_launch`), so they
   take no early launch: soft_max, argsort, the f16 MoE expert mat-vec `mul_mat_f`, the MUL+SUM_ROWS
   reduction, add_id, swiglu_oai, clamp and llama's `rope_norm` (`llamacpp_schedule.launched_plainly`).

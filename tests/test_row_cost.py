@@ -73,19 +73,63 @@ def _node(model: str, name: str):
 def test_top_k_steps_charge_the_cuda_executors_selection_only():
     """A router's top-k on the cuda executor is one warp's serial chain: k rounds of n / 32
     entries a lane and 5 shuffles, the units its fit's per-unit term charges (Qwen3-30B-A3B: 8 of
-    128 experts, 8 x (4 + 5)); llama.cpp's bitonic argsort is not charged per step."""
+    128 experts, 8 x (4 + 5)); on llama.cpp the same op is its bitonic argsort, charged per sort
+    stage (``bitonic_stages``: 7 x 8 / 2 for 128 columns)."""
     from workbench.exec.cost import serial_units, top_k_steps
 
     node = _node("qwen3-30b-a3b", "ffn_moe_topk-0")
     assert node.op == "ARGSORT_TOP_K" and top_k_steps(node) == 8 * (4 + 5)
     cal = load_calibration("h200")
     assert serial_units(node, cal) == 72
-    assert serial_units(node, dataclasses.replace(cal, executor="llamacpp")) == 0
+    assert serial_units(node, dataclasses.replace(cal, executor="llamacpp")) == 28
     mv = _node("qwen3-30b-a3b", "ffn_moe_down-0")
     assert serial_units(mv, cal) == mat_vec_rows(mv, cal.sm_count) > 0
     # the per-step term is what separates a 4-of-32 router from a 10-of-512 one
     fc = cal.ops["ARGSORT_TOP_K"]
     assert fc.row_ns > 0 and kernel_cost(node, cal).duration_ns > fc.fixed_ns + 60 * fc.row_ns
+
+
+def test_bitonic_stages_follow_the_padded_row():
+    """32, 128 and 512 experts (gpt-oss-20b, Qwen3-30B-A3B, Qwen3-Next): 15, 28 and 45 stages; a
+    row that is not a power of two sorts padded to the next one."""
+    from workbench.exec.cost import bitonic_stages
+
+    for model, stages in (("gpt-oss-20b", 15), ("qwen3-30b-a3b", 28), ("qwen3-next-80b-a3b", 45)):
+        node = _node(model, "ffn_moe_topk-0")
+        assert node.op == "ARGSORT_TOP_K" and bitonic_stages(node) == stages, model
+    node = _node("qwen3-30b-a3b", "ffn_moe_topk-0")
+    odd = dataclasses.replace(node, srcs=(dataclasses.replace(node.srcs[0], shape=(*node.srcs[0].shape[:-1], 100)),
+                                          *node.srcs[1:]))
+    assert bitonic_stages(odd) == 28
+
+
+def test_a_serial_fit_of_one_step_count_scales_with_the_steps():
+    """Sort kernels of one width: a serial fit is proportional to the stages above the fixed
+    floor (another width costs its stages), a mat-vec's fit of one row count keeps no row term."""
+    d = np.full(8, 8200.0)
+    f = fit_row_kernels(d, np.zeros(8), np.full(8, 28.0), min_fixed=500.0, serial=True)
+    assert f.fixed_ns == 500.0 and f.row_ns == pytest.approx(7700.0 / 28)
+    assert f.fixed_ns + 45 * f.row_ns == pytest.approx(500 + 7700 * 45 / 28)
+    assert fit_row_kernels(d, np.zeros(8), np.full(8, 28.0), min_fixed=500.0).row_ns == 0.0
+
+
+def test_llamacpp_argsort_extrapolates_to_qwen3_next_experts():
+    """The shipped H100 llama.cpp fit sees llama.cpp's argsort at one width (gpt-oss-20b's 32
+    experts, its no-PDL captures); charged per sort stage it predicts Qwen3-Next's 512-expert
+    argsort, which it never saw, within 10 % of the H100 capture's median (14.2 us), where a
+    fit by bytes charges the 32-expert time (5.5 us)."""
+    from pathlib import Path
+
+    from workbench.exec.calibrate.llamacpp_traces import read_traces
+
+    root = Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp" / "h100_captures"
+    (t,) = [t for t in read_traces(root) if t.name == "qwen3-next-80b-a3b-L8_no_fusion"]
+    k = t.trace.events
+    k = k[(k["kind"] == "kernel") & (k["token"] >= 1) & k["name"].str.contains("argsort")]
+    measured = float((k["end_ns"] - k["start_ns"]).median())
+    cal = load_calibration("h100-llamacpp")
+    node = _node("qwen3-next-80b-a3b", "ffn_moe_topk-0")
+    assert kernel_cost(node, cal).duration_ns == pytest.approx(measured, rel=0.10)
 
 
 def test_kernel_geometry_follows_the_grids_a_file_was_fitted_on():

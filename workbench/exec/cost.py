@@ -224,16 +224,36 @@ def top_k_steps(node: Node) -> int:
     return x.numel // cols * k * (ceil(cols / 32) + 5)
 
 
+def bitonic_stages(node: Node) -> int:
+    """The serial stages of llama.cpp's argsort (``k_argsort_f32_i32``): one block a row sorts
+    the row padded to a power of two, ``s (s + 1) / 2`` compare-exchange stages for ``2^s``
+    columns, each behind a ``__syncthreads``. Its time grows with these, not with its bytes:
+    5.5, 8.2 and 14.2 us for gpt-oss-20b's 32, Qwen3-30B-A3B's 128 and Qwen3-Next's 512 experts,
+    the same on an H100 and an H200, whose SMs run at one clock (the captures in
+    data/traces/llamacpp/, data/bench/llamacpp_knob_noise_h200_s33.md)."""
+    x = node.srcs[0]
+    cols = x.shape[-1]
+    s = max(1, cols - 1).bit_length()
+    return x.numel // cols * s * (s + 1) // 2
+
+
 def serial_units(node: Node, cal: Calibration) -> int:
     """What a fit's ``row_ns`` charges ``node`` for: a mat-vec's output rows (each row's reduction
-    tail, ``mat_vec_rows``), and on the cuda executor a top-k selection's serial steps
-    (``top_k_steps``); 0 for any other kernel (llama.cpp's argsort is a bitonic sort, not fitted
-    per step)."""
+    tail, ``mat_vec_rows``), a router's top-k selection's serial steps on the cuda executor
+    (``top_k_steps``) and llama.cpp's argsort's sort stages (``bitonic_stages``); 0 for any other
+    kernel."""
     if node.op in MAT_VEC_OPS:
         return mat_vec_rows(node, cal.sm_count)
     if cal.executor == "cuda" and node.op in TOP_K_OPS:
         return top_k_steps(node)
+    if node.op == "ARGSORT_TOP_K":
+        return bitonic_stages(node)
     return 0
+
+
+#: ops whose kernel is a chain of serial steps (``serial_units``), not a grid that streams
+#: bytes: a fit that sees one step count makes their time proportional to the steps
+SERIAL_STEP_OPS = (*TOP_K_OPS,)
 
 
 def executor_call(node: Node) -> KernelCall | None:

@@ -13,7 +13,7 @@ import pandas as pd
 
 from ...strategy.steps import plan_for
 from ..calibration import Calibration
-from ..cost import executor_kernel, fit_key, kernel_cost, serial_units
+from ..cost import SERIAL_STEP_OPS, executor_kernel, fit_key, kernel_cost, serial_units
 from .specs import CALIBRATION_STRATEGIES, FUSED, FUSED_PDL, GRAPH_RUNS, GRAPHS, ModelSpec
 from .tables import nan_median
 
@@ -78,7 +78,7 @@ def fit_kernels(durations: np.ndarray, roofline: np.ndarray, min_fixed: float = 
 
 
 def fit_row_kernels(durations: np.ndarray, roofline: np.ndarray, rows: np.ndarray,
-                    min_fixed: float = 0.0) -> KernelFit:
+                    min_fixed: float = 0.0, serial: bool = False) -> KernelFit:
     """``duration ~ fixed + row_ns x rows + scale x roofline`` for mat-vec kernels, by least
     squares in absolute error (as ``fit_kernels``, whose fit it falls back to where the row term
     is not identifiable or not positive).
@@ -88,9 +88,20 @@ def fit_row_kernels(durations: np.ndarray, roofline: np.ndarray, rows: np.ndarra
     so at the same bytes a matrix of narrow rows (2048 wide) takes longer than one of wide rows
     (4096, 14336). Identifiable where the kernels' bytes per row differ (rows and roofline not
     proportional); where the roofline hardly varies but the rows do (an MoE's gate/up and down
-    mat-vecs: the same bytes in rows of different width) only the row slope is fitted, scale 1."""
+    mat-vecs: the same bytes in rows of different width) only the row slope is fitted, scale 1.
+
+    ``serial``: the units are a kernel's serial steps (``cost.SERIAL_STEP_OPS``: a sort's stages),
+    which set its time whatever its size; where the kernels show one step count the fit is
+    proportional to the steps above the fixed floor, so another count scales with its steps
+    (as ``early_launch`` makes a one-size fit proportional to the work)."""
     d, r, n = (np.asarray(a, float) for a in (durations, roofline, rows))
     base = fit_kernels(d, r, min_fixed)
+    if serial and len(d) and np.all(n > 0) and np.ptp(n) == 0:
+        row = float(np.mean(d - r - min_fixed)) / float(n[0])
+        if row > 0:
+            err = float(np.median(np.abs(min_fixed + row * n + r - d) / d))
+            return KernelFit(float(min_fixed), 1.0, err, f"proportional to the serial steps over {len(d)} kernels of "
+                             f"one step count ({n[0]:.0f}) above the fixed floor {min_fixed:.0f} ns", row)
     if len(d) < 3 or np.any(n <= 0) or np.ptp(n) == 0:
         return base
     sloped = bool(np.ptp(r) > 0.1 * np.median(d))
@@ -133,7 +144,8 @@ def fit_groups(kern: pd.DataFrame, by: str, label: str, min_kernels: int, min_fi
             continue
         d, r = grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy()
         if "rows" in grp and (grp["rows"] > 0).all():
-            f = fit_row_kernels(d, r, grp["rows"].to_numpy(), min_fixed)
+            serial = "op" in grp and bool(grp["op"].isin(SERIAL_STEP_OPS).all())
+            f = fit_row_kernels(d, r, grp["rows"].to_numpy(), min_fixed, serial)
         else:
             f = fit_kernels(d, r, min_fixed)
         vals = {"fixed_ns": round(f.fixed_ns, 1), "work_scale": round(f.work_scale, 4)}
