@@ -208,7 +208,9 @@ def mat_vec_rows(node: Node, sm_count: int) -> int:
     return launch_geometry(node, sm_count)[0] if node.op in MAT_VEC_OPS else 0
 
 
-#: ops whose cuda-executor kernel is a router's top-k selection (kernels/topk.cu ``warp_top_k``)
+#: ops whose kernel is a router's top-k selection (the cuda executor's kernels/topk.cu
+#: ``warp_top_k``, llama.cpp's bitonic argsort): a chain of serial steps (``serial_units``), not a
+#: grid that streams bytes, so a fit that sees one step count scales with the steps
 TOP_K_OPS = ("ARGSORT_TOP_K", "TOPK_MOE")
 
 
@@ -233,7 +235,7 @@ def bitonic_stages(node: Node) -> int:
     data/traces/llamacpp/, data/bench/llamacpp_knob_noise_h200_s33.md)."""
     x = node.srcs[0]
     cols = x.shape[-1]
-    s = max(1, cols - 1).bit_length()
+    s = max(0, cols - 1).bit_length()
     return x.numel // cols * s * (s + 1) // 2
 
 
@@ -250,10 +252,6 @@ def serial_units(node: Node, cal: Calibration) -> int:
         return bitonic_stages(node)
     return 0
 
-
-#: ops whose kernel is a chain of serial steps (``serial_units``), not a grid that streams
-#: bytes: a fit that sees one step count makes their time proportional to the steps
-SERIAL_STEP_OPS = (*TOP_K_OPS,)
 
 
 def executor_call(node: Node) -> KernelCall | None:

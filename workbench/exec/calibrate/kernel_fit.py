@@ -13,7 +13,7 @@ import pandas as pd
 
 from ...strategy.steps import plan_for
 from ..calibration import Calibration
-from ..cost import SERIAL_STEP_OPS, executor_kernel, fit_key, kernel_cost, serial_units
+from ..cost import TOP_K_OPS, executor_kernel, fit_key, kernel_cost, serial_units
 from .specs import CALIBRATION_STRATEGIES, FUSED, FUSED_PDL, GRAPH_RUNS, GRAPHS, ModelSpec
 from .tables import nan_median
 
@@ -90,7 +90,7 @@ def fit_row_kernels(durations: np.ndarray, roofline: np.ndarray, rows: np.ndarra
     proportional); where the roofline hardly varies but the rows do (an MoE's gate/up and down
     mat-vecs: the same bytes in rows of different width) only the row slope is fitted, scale 1.
 
-    ``serial``: the units are a kernel's serial steps (``cost.SERIAL_STEP_OPS``: a sort's stages),
+    ``serial``: the units are a kernel's serial steps (``cost.TOP_K_OPS``: a sort's stages),
     which set its time whatever its size; where the kernels show one step count the fit is
     proportional to the steps above the fixed floor, so another count scales with its steps
     (as ``early_launch`` makes a one-size fit proportional to the work)."""
@@ -144,7 +144,7 @@ def fit_groups(kern: pd.DataFrame, by: str, label: str, min_kernels: int, min_fi
             continue
         d, r = grp["duration_ns"].to_numpy(), grp["roofline_ns"].to_numpy()
         if "rows" in grp and (grp["rows"] > 0).all():
-            serial = "op" in grp and bool(grp["op"].isin(SERIAL_STEP_OPS).all())
+            serial = "op" in grp and bool(grp["op"].isin(TOP_K_OPS).all())
             f = fit_row_kernels(d, r, grp["rows"].to_numpy(), min_fixed, serial)
         else:
             f = fit_kernels(d, r, min_fixed)
