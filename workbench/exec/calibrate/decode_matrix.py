@@ -213,17 +213,17 @@ def knob_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, floa
     hold ``runs``, each process's median by its round: the effect pairs the processes of the rounds
     both cells ran (at least two). Otherwise it is the ratio of the medians, with the spread of the
     cells' min-max."""
+    pairs: list[tuple[float, float]] = []
     ka, kb = a.get("runs"), b.get("runs")
-    if isinstance(ka, Mapping) and isinstance(kb, Mapping):
-        both = sorted(set(ka) & set(kb))
-        if len(both) >= 2:
-            r = np.array([effect_pct(ka[k], kb[k]) for k in both])
-            return float(np.median(r)), float(r.min()), float(r.max())
     ra, rb = a.get("runs_us"), b.get("runs_us")
-    if isinstance(ra, (list, tuple, np.ndarray)) and isinstance(rb, (list, tuple, np.ndarray)) \
+    if isinstance(ka, Mapping) and isinstance(kb, Mapping) and len(set(ka) & set(kb)) >= 2:
+        pairs = [(ka[k], kb[k]) for k in sorted(set(ka) & set(kb))]
+    elif isinstance(ra, (list, tuple, np.ndarray)) and isinstance(rb, (list, tuple, np.ndarray)) \
             and len(ra) == len(rb) >= 2:
         cold = {int(c) for c in (a.get("cold_run"), b.get("cold_run")) if c is not None and c == c}
-        r = np.array([effect_pct(x, y) for i, (x, y) in enumerate(zip(ra, rb)) if i not in cold])
+        pairs = [(x, y) for i, (x, y) in enumerate(zip(ra, rb)) if i not in cold]
+    if pairs:
+        r = np.array([effect_pct(x, y) for x, y in pairs])
         return float(np.median(r)), float(r.min()), float(r.max())
     return (effect_pct(a["us_per_token"], b["us_per_token"]), effect_pct(a["us_max"], b["us_min"]),
             effect_pct(a["us_min"], b["us_max"]))
