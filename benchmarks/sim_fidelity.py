@@ -44,7 +44,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from workbench.exec.calibrate.decode_matrix import effect_as_speedup, effect_pct, knob_effect
+from workbench.exec.calibrate.decode_matrix import effect_as_speedup, effect_pct, knob_effect, round_pairs
 from workbench.exec.calibrate.specs import ModelSpec
 from workbench.strategy import FUSIONS, Strategy
 
@@ -186,8 +186,10 @@ def knob_table(df: pd.DataFrame, knobs: dict[str, tuple[str, str]] = KNOBS) -> p
             row = {"model": label, "family": fam, "held_out": held, "knob": knob, "measured_pct": m,
                    "measured_lo": lo, "measured_hi": hi, "predicted_pct": p, "diff_pp": p - m,
                    "diff_pp_as_speedup": effect_as_speedup(p) - effect_as_speedup(m)}
-            if "leases" in by.columns:  # both cells from one machine lease: no lease-to-lease drift in the effect
-                row["same_lease"] = by.at[a, "leases"] == by.at[b, "leases"] and "," not in str(by.at[a, "leases"])
+            if "leases" in by.columns:  # no lease-to-lease drift in the effect: its rounds pair processes of one
+                # lease each (round_pairs), or both cells come from one lease
+                row["same_lease"] = bool(round_pairs(by.loc[a], by.loc[b])) or (
+                    by.at[a, "leases"] == by.at[b, "leases"] and "," not in str(by.at[a, "leases"]))
             rows.append(row)
     return pd.DataFrame(rows)
 
@@ -497,7 +499,7 @@ def _lease_note(kn: pd.DataFrame) -> str:
 #: what the two tables below the report's verdicts show, read off the 2026-11-25 H200 captures
 #: (the tables are regenerated with the report; this reading is not)
 LLAMACPP_CAUSES = """\
-Read off the tables below and the captures (H200, 2026-11-25 and 2026-11-27; the fit's sources are in the
+Read off the tables below and the captures (H200, 2026-11-25, 2026-11-27 and 2026-11-29; the fit's sources are in the
 calibration file):
 
 * **Host time per token**: the schedule copies llama.cpp's split inputs, not the workbench graph's
@@ -510,12 +512,23 @@ calibration file):
   median is its upper bound. `token_overhead_ns` is what the untraced us/token leave over: on the H200 it
   comes out 0 (with the graph launch lowered), because the simulated device span is 1-3 % longer than the
   captured one on llama and qwen3-30b-a3b (next item), and the fit takes that out of the host's time.
-* **Mat-vec cost per row**: the mat-vec fits (`MUL_MAT`, `MUL_MAT_ADD`, `MUL_MAT_GLU`, `MUL_MAT_ID`)
+* **Mat-vec cost per row**: the mat-vec fits (`MUL_MAT`, `MUL_MAT_ADD`, `MUL_MAT_GLU`, `MUL_MAT_ID_GLU`)
   are `fixed + row_ns x rows + scale x roofline` (`kernel_fit.fit_row_kernels`): llama.cpp's mat-vec
   runs a block per output row that ends in a reduction, so at the same bytes 2048-wide rows
   (llama-3.2-1b, the qwen3 MoEs) take longer than 4096- and 14336-wide ones (llama-3.1-8b). One line per
-  kernel still misses single shapes: the lm_head mat-vec is predicted 7-14 % slow, qwen3-30b-a3b's
-  expert down projection (768-wide rows) 18 % slow and its gate / up 6-10 % fast (`_op_times.csv`).
+  kernel still misses single shapes: the lm_head mat-vec is predicted 6-13 % slow on llama and
+  qwen3-30b-a3b, the 512- and 1024-row K/V projections 6-7 % fast (`_op_times.csv`), and held-out
+  gpt-oss-20b's 2880-wide rows about 20 % fast (its Q projection and lm_head).
+* **Expert mat-mul**: llama.cpp runs an unfused f16 `MUL_MAT_ID` (gate, up; down always) as the
+  tensor-core `mul_mat_f` over every expert's 32-row blocks, not the selected experts' rows; the
+  blocks of unused experts exit (`cost.mmf_ids_geometry`). Its time follows the expert count beside
+  the bytes (H200: Qwen3-30B-A3B's gate and down 14.4 and 17.3 us with 128 experts, Qwen3-Next's
+  19.4 and 25.0 with 512 and fewer bytes), so its fit is charged per wave of that grid over the SMs;
+  a fit per selected row had Qwen3-Next's gate 33 % fast. It still misses Qwen3-Next's gate by 14 %,
+  and which experts a token picks moves one kernel by up to 3 us (the last used expert's blocks start
+  after the earlier experts' exits). For held-out gpt-oss-20b the per-row fit's expert mat-mul was
+  28 % slow and offset its mat-vecs' miss above; priced per wave it is within 12 %, and its cells
+  (not the 32k ones) come out 0.3-7.7 % fast, where they were -4.5..+4.6 %.
 * **Argsort**: llama.cpp's router argsort (`k_argsort_f32_i32`) is a one-block bitonic sort whose
   time follows its `s (s + 1) / 2` stages for `2^s` padded columns (5.5, 8.2 and 14.2 us at 32, 128
   and 512 experts on both GPUs), so its fit is charged per stage (`cost.bitonic_stages`); a fit that
@@ -532,12 +545,18 @@ calibration file):
 * **Eager cells** (`eager`, `no_graphs_pdl0`) carry the host's noise: qwen3-30b-a3b's eager cell differs
   by 23 % between the backend and llama-bench in the same lease (`llamacpp_peer_f16_h200_s19a.md`), so
   the knobs measured from eager (`CUDA graphs (PDL off)`, `stack: + graphs`) miss on the MoE models.
+  The host differs between leases too: llama-bench's median eager us/token of qwen3-next-80b-a3b was
+  2963 in session 33's lease and 2404 in session 34's (both 2026-11-29), of qwen3-30b-a3b 2016 and
+  1872, where the CUDA-graph cells of the four models moved -4.2..+2.3 % (`llamacpp_knob_noise_h200_s33.md`).
+  A pooled eager cell is therefore a mix of hosts; its knob effects pair processes within a lease.
 * **Run-to-run spread**: one process of llama.cpp differs from the next by 1-5 % in the same lease, as
   large as the 2-point bound, while the repetitions inside a process agree within 0.5 % (2026-11-29,
   `llamacpp_bench_rounds_h200_s33.jsonl`: 4-12 llama-bench processes a cell, standard deviation of
   the process medians 1.6 % at the median cell). A knob's effect therefore pairs its two cells'
   processes round by round (`decode_matrix.knob_effect` on `measured_table`'s `runs`) and takes the
   median of the rounds' effects; with 4 rounds that median still carries about 1.4 points of noise.
+  v5 (`llamacpp_peer_v5_h200.jsonl`) adds a second lease's rounds of the 8 configs of the stacked
+  knobs and the fusion, graphs and PDL steps (session 34, `llamacpp_bench_rounds_h200_s34.jsonl`).
 * **Cross-lease effects** (`same_lease` False, counted in the verdict): the two cells were measured on
   different machine leases, so the effect carries the two leases' drift as well as the knob.
 """

@@ -160,3 +160,56 @@ def test_an_unknown_grids_value_is_refused():
     data["grids"] = "warp"
     with pytest.raises(CalibrationError, match="unknown grids 'warp'"):
         parse_calibration(data, "h200.json")
+
+
+def test_llamacpp_expert_matmul_runs_a_block_per_expert_and_row_block():
+    """llama.cpp runs an unfused float MUL_MAT_ID as ``mul_mat_f`` over every expert's 32-row
+    blocks (the unused experts' blocks exit), with the warps mul_mat_f_cuda picks for the row's
+    columns; its fit charges the grid's waves over the SMs. A quantized expert matrix stays a
+    mat-vec, and the cuda executor's mat-vec keeps its rows."""
+    from workbench.exec.cost import kernel_geometry, kernel_name, mmf_ids_geometry, serial_units
+
+    cal = load_calibration("h200")
+    lcal = load_calibration("h200-llamacpp")
+    for model, name, grid in (("qwen3-next-80b-a3b", "ffn_moe_gate-0", (512 * 16, 256)),   # 512 x 2048 -> 512
+                              ("qwen3-next-80b-a3b", "ffn_moe_down-0", (512 * 64, 256)),   # 8 warps, 1 pass of 512
+                              ("qwen3-30b-a3b", "ffn_moe_down-0", (128 * 64, 192)),        # 768 columns: 6 warps
+                              ("gpt-oss-20b", "ffn_moe_up-0", (32 * 90, 256))):
+        node = _node(model, name)
+        assert node.op == "MUL_MAT_ID" and kernel_name(node) == "mul_mat_f<ids>"
+        assert mmf_ids_geometry(node) == grid == kernel_geometry(node, lcal), (model, name)
+        assert serial_units(node, lcal) == -(-grid[0] // lcal.sm_count)
+        assert serial_units(node, cal) == mat_vec_rows(node, cal.sm_count)
+    assert mmf_ids_geometry(_node("qwen3-30b-a3b", "ffn_moe_topk-0")) is None
+
+
+def test_llamacpp_expert_matmul_follows_its_expert_count():
+    """On the H200 captures Qwen3-Next's expert mat-muls (512 experts) take longer than
+    Qwen3-30B-A3B's (128) though they move fewer bytes. The shipped fit, charged per wave of the
+    grid, orders them so (a fit per selected row, before, priced Qwen3-30B-A3B's the slower) and
+    predicts each model's gate and down medians (graphs, no PDL) within 15 %: Qwen3-Next's gate is
+    its worst, about 14 % fast, where which experts a token picks moves a kernel by 3 us."""
+    import json
+    from pathlib import Path
+
+    from workbench.exec.calibrate.llamacpp_traces import read_traces
+    from workbench.exec.calibration import CALIBRATION_DIR
+
+    root = Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp" / "h200_captures"
+    cal = load_calibration("h200-llamacpp")
+    cupti = json.loads((CALIBRATION_DIR / "h200-llamacpp.json").read_text())["measured"]["cupti_kernel_ns"]
+    got, pred = {}, {}
+    for t in read_traces(root):
+        if t.name not in ("qwen3-30b-a3b-L8_graphs", "qwen3-next-80b-a3b-L8_graphs"):
+            continue
+        k = t.trace.events
+        k = k[(k["kind"] == "kernel") & (k["token"] >= 1) & k["name"].str.contains("mul_mat_f")].sort_values("start_ns")
+        d = (k["end_ns"] - k["start_ns"]).to_numpy().reshape(-1, 3)  # gate, up, down per layer
+        for i, name in ((0, "ffn_moe_gate-0"), (2, "ffn_moe_down-0")):
+            measured = float(np.median(d[:, i])) - cupti
+            got[(t.model, name)] = measured
+            pred[(t.model, name)] = kernel_cost(_node(t.model, name), cal).duration_ns
+            assert pred[(t.model, name)] == pytest.approx(measured, rel=0.15), (t.model, name)
+    for d in (got, pred):
+        assert d[("qwen3-next-80b-a3b", "ffn_moe_gate-0")] > d[("qwen3-30b-a3b", "ffn_moe_gate-0")]
+        assert d[("qwen3-next-80b-a3b", "ffn_moe_down-0")] > d[("qwen3-30b-a3b", "ffn_moe_down-0")]

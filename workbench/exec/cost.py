@@ -53,7 +53,7 @@ KERNEL_NAMES = {
     "ARGSORT_TOP_K": "k_argsort_f32_i32",
     "ROPE": "rope_f32",
     "MUL_MAT": "mul_mat_vec_f",
-    "MUL_MAT_ID": "mul_mat_vec_f<ids>",
+    "MUL_MAT_ID": "mul_mat_f<ids>",  # float weights on NVIDIA (ggml_cuda_mul_mat_id: mmf, not mmvf)
     "MUL_MAT_ADD": "mul_mat_vec_f<bias>",
     "MUL_MAT_GLU": "mul_mat_vec_f<gate,glu>",
     "MUL_MAT_ID_GLU": "mul_mat_vec_f<ids,gate,glu>",
@@ -239,11 +239,39 @@ def bitonic_stages(node: Node) -> int:
     return x.numel // cols * s * (s + 1) // 2
 
 
+#: mul_mat_f's rows per block on NVIDIA (ggml-cuda/mmf.cuh MMF_ROWS_PER_BLOCK) and its largest block
+MMF_ROWS_PER_BLOCK, MMF_MAX_BLOCK = 32, 256
+
+
+def mmf_ids_geometry(node: Node) -> tuple[int, int] | None:
+    """(blocks, threads per block) of llama.cpp's ``mul_mat_f`` for an unfused MUL_MAT_ID of float
+    weights (ggml_cuda_mul_mat_id on NVIDIA, one token: mmvf serves only AMD there), else None.
+    Its grid covers every expert, not the selected ones: ``rows / 32`` row blocks per expert,
+    ``nwarps`` warps a block as mul_mat_f_cuda picks them (the fewest iterations over a row's
+    columns, two per lane, at most 256 threads). A block of an expert no token chose finds that in
+    the ids and exits, so the grid's size sets the kernel's time beside its bytes: 14.5 and 17.4 us
+    for Qwen3-30B-A3B's gate and down (128 experts), 19.5 and 25.1 us for Qwen3-Next's (512) on an
+    H200, fewer bytes (the captures in data/traces/llamacpp/h200_captures)."""
+    if node.op != "MUL_MAT_ID" or quantized_weight(node) or len(node.srcs[0].shape) != 3:
+        return None
+    n_expert, rows, cols = node.srcs[0].shape
+    warp = 32
+    best_n, best_iter = 1, ceil(cols / (2 * warp))
+    for nw in range(2, MMF_MAX_BLOCK // warp + 1):
+        it = ceil(cols / (2 * warp * nw))
+        if it < best_iter:
+            best_n, best_iter = nw, it
+    return n_expert * max(1, rows // MMF_ROWS_PER_BLOCK), warp * best_n
+
+
 def serial_units(node: Node, cal: Calibration) -> int:
     """What a fit's ``row_ns`` charges ``node`` for: a mat-vec's output rows (each row's reduction
     tail, ``mat_vec_rows``), a router's top-k selection's serial steps on the cuda executor
-    (``top_k_steps``) and llama.cpp's argsort's sort stages (``bitonic_stages``); 0 for any other
-    kernel."""
+    (``top_k_steps``), llama.cpp's argsort's sort stages (``bitonic_stages``) and its expert
+    mat-mul's waves of blocks over the SMs (``mmf_ids_geometry``: most find their expert unused
+    and exit, one wave after another); 0 for any other kernel."""
+    if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
+        return ceil(mmf[0] / cal.sm_count)
     if node.op in MAT_VEC_OPS:
         return mat_vec_rows(node, cal.sm_count)
     if cal.executor == "cuda" and node.op in TOP_K_OPS:
@@ -295,6 +323,8 @@ def kernel_geometry(node: Node, cal: Calibration) -> tuple[int, int]:
         call = executor_call(node)
         if call is not None:
             return int(prod(call.grid)), int(prod(call.block))
+    if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
+        return mmf
     return launch_geometry(node, cal.sm_count)
 
 

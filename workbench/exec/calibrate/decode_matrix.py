@@ -213,20 +213,28 @@ def knob_effect(a: Mapping[str, Any], b: Mapping[str, Any]) -> tuple[float, floa
     hold ``runs``, each process's median by its round: the effect pairs the processes of the rounds
     both cells ran (at least two). Otherwise it is the ratio of the medians, with the spread of the
     cells' min-max."""
-    pairs: list[tuple[float, float]] = []
-    ka, kb = a.get("runs"), b.get("runs")
-    ra, rb = a.get("runs_us"), b.get("runs_us")
-    if isinstance(ka, Mapping) and isinstance(kb, Mapping) and len(set(ka) & set(kb)) >= 2:
-        pairs = [(ka[k], kb[k]) for k in sorted(set(ka) & set(kb))]
-    elif isinstance(ra, (list, tuple, np.ndarray)) and isinstance(rb, (list, tuple, np.ndarray)) \
-            and len(ra) == len(rb) >= 2:
-        cold = {int(c) for c in (a.get("cold_run"), b.get("cold_run")) if c is not None and c == c}
-        pairs = [(x, y) for i, (x, y) in enumerate(zip(ra, rb)) if i not in cold]
+    pairs = round_pairs(a, b)
     if pairs:
         r = np.array([effect_pct(x, y) for x, y in pairs])
         return float(np.median(r)), float(r.min()), float(r.max())
     return (effect_pct(a["us_per_token"], b["us_per_token"]), effect_pct(a["us_max"], b["us_min"]),
             effect_pct(a["us_min"], b["us_max"]))
+
+
+def round_pairs(a: Mapping[str, Any], b: Mapping[str, Any]) -> list[tuple[float, float]]:
+    """The (us/token of ``a``, of ``b``) pairs ``knob_effect`` reduces, one per round both cells
+    ran (empty where they hold no rounds to pair). A llama.cpp round's key names its machine lease
+    (``llamacpp_fit.measured_table``), so a pair never spans two leases, even where each cell
+    pools several."""
+    ka, kb = a.get("runs"), b.get("runs")
+    ra, rb = a.get("runs_us"), b.get("runs_us")
+    if isinstance(ka, Mapping) and isinstance(kb, Mapping) and len(set(ka) & set(kb)) >= 2:
+        return [(ka[k], kb[k]) for k in sorted(set(ka) & set(kb))]
+    if isinstance(ra, (list, tuple, np.ndarray)) and isinstance(rb, (list, tuple, np.ndarray)) \
+            and len(ra) == len(rb) >= 2:
+        cold = {int(c) for c in (a.get("cold_run"), b.get("cold_run")) if c is not None and c == c}
+        return [(x, y) for i, (x, y) in enumerate(zip(ra, rb)) if i not in cold]
+    return []
 
 
 def runs_label(paths: str | Path | Sequence[str | Path]) -> str:

@@ -51,6 +51,7 @@ import pandas as pd
 from ...graph.graph import Node
 from ...strategy import Strategy
 from ..calibration import FAMILY_FIELDS, Calibration, CalibrationError, parse_calibration
+from ..cost import KERNEL_NAMES
 from .kernel_fit import MIN_OP_KERNELS, fit_groups, pdl_saving_ns, prologue_ceilings
 from .llamacpp_schedule import llamacpp_plan
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
@@ -271,7 +272,10 @@ def kernel_fits(traces: list[LlamaCppTrace], base: Calibration, cupti_ns: float,
             f"kernel's time on its stream, less {cupti_ns:.0f} ns CUPTI adds per kernel)")
     by_key, rep_key = fit_groups(use, "key", "op", MIN_OP_KERNELS, min_fixed, what)
     by_op, rep_op = fit_groups(use, "op", "op", MIN_OP_KERNELS, min_fixed, what)
-    by_fam, rep_fam = fit_groups(use, "family", "family", MIN_OP_KERNELS, min_fixed, what)
+    # a family's fit is the fallback of its ops' kernels without a fit of their own: the expert
+    # mat-mul's units are its grid's waves (cost.mmf_ids_geometry), not a mat-vec's rows, so it stays out
+    fam_use = use[use["kernel"] != KERNEL_NAMES["MUL_MAT_ID"]]
+    by_fam, rep_fam = fit_groups(fam_use, "family", "family", MIN_OP_KERNELS, min_fixed, what)
     # one kernel per op: its op/kernel entry says nothing the op's does not
     single = {op for op, g in use.groupby("op") if g["kernel"].nunique() == 1}
     ops = {**{k: v for k, v in by_key.items() if k.split("/", 1)[0] not in single}, **by_op}
