@@ -528,7 +528,7 @@ calibration file):
   and which experts a token picks moves one kernel by up to 3 us (the last used expert's blocks start
   after the earlier experts' exits). For held-out gpt-oss-20b the per-row fit's expert mat-mul was
   28 % slow and offset its mat-vecs' miss above; priced per wave it is within 12 %, and its cells
-  (not the 32k ones) come out 0.3-7.7 % fast, where they were -4.5..+4.6 %.
+  (not the 32k ones) come out 0.1-7.3 % fast, where they were -4.5..+4.6 %.
 * **Argsort**: llama.cpp's router argsort (`k_argsort_f32_i32`) is a one-block bitonic sort whose
   time follows its `s (s + 1) / 2` stages for `2^s` padded columns (5.5, 8.2 and 14.2 us at 32, 128
   and 512 experts on both GPUs), so its fit is charged per stage (`cost.bitonic_stages`); a fit that
