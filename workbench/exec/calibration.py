@@ -138,6 +138,11 @@ class Calibration:
     #: optional: extra gap before an eagerly launched kernel per *other* stream with work queued
     #: (the GPU's host interface serves the channels with pending work in turn); 0 when absent
     eager_channel_switch_ns: float = 0.0
+    #: optional: how sharply a grid's achieved DRAM bandwidth reaches the peak as its bytes in
+    #: flight ``x`` (a share of bandwidth x idle latency) grow: ``x / (1 + x^n)^(1/n)``
+    #: (``cost.bandwidth_share``; near ``x = 1`` the latency rises with the load); 0 (absent): the
+    #: plain Little's law ``min(1, x)``
+    dram_knee: float = 0.0
     #: whose kernels and host program the file calibrates: ``cuda`` (the workbench's executor)
     #: or ``llamacpp`` (llama.cpp: ops keyed by llama.cpp's kernel names, ``cost.measured_fit``,
     #: and the simulator plans llama.cpp's schedule, ``llamacpp_schedule``)
@@ -206,7 +211,7 @@ class Calibration:
 GRIDS = ("executor", "llamacpp")
 #: device fields a file may leave out (the eager launch model; older files predate them)
 _OPTIONAL_DEVICE_FIELDS = ("eager_dependency_gap_ns", "eager_event_gap_ns", "eager_pdl_release_ns",
-                           "eager_pdl_launch_ns", "eager_channel_switch_ns")
+                           "eager_pdl_launch_ns", "eager_channel_switch_ns", "dram_knee")
 _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
                                     "ops", "executor", "grids", *_OPTIONAL_DEVICE_FIELDS)]
@@ -295,6 +300,8 @@ def parse_calibration(data: dict[str, Any], origin: str = "<dict>", host: str | 
               "bytes_in_flight_per_thread", "fp32_TFLOPS", "pcie_GBps"):
         if dev[k] <= 0:
             raise CalibrationError(f"{origin}: device.{k} must be > 0, got {dev[k]}")
+    if dev.get("dram_knee", 0.0) < 0:
+        raise CalibrationError(f"{origin}: device.dram_knee must be >= 0 (0: min(1, x)), got {dev['dram_knee']}")
     for k in ("dram_efficiency", "pdl_late_read_fraction"):
         if not 0 <= dev[k] <= 1:
             raise CalibrationError(f"{origin}: device.{k} must be within [0, 1], got {dev[k]}")

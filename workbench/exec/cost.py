@@ -3,7 +3,8 @@
 A kernel costs a fixed part (block launch, ramp-down, grid completion: ``kernel_fixed_ns``,
 measured) plus its work: ``max(bytes / bandwidth, flops / rate)``. A small grid cannot use the
 whole GPU: by Little's law a kernel keeps ``threads x bytes_in_flight_per_thread`` bytes in flight,
-so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwidth, and its
+so it reaches at most that divided by ``bandwidth x latency`` of the DRAM bandwidth (approached
+smoothly where the calibration measured how the latency rises under load, ``bandwidth_share``), and its
 compute rate is limited to the share of SMs it occupies. That fraction is the kernel's ``cap``;
 concurrent kernels share the GPU (at most 1.0 in total) without exceeding their caps. A
 measured calibration replaces the fixed part and scales the work per ggml op, or per kernel
@@ -405,6 +406,17 @@ def fit_key(node: Node, cal: Calibration) -> tuple[str, str | None]:
     return "device", None
 
 
+def bandwidth_share(x: float, knee: float = 0.0) -> float:
+    """The share of the peak DRAM bandwidth a grid reaches with ``x`` = its bytes in flight over
+    bandwidth x idle latency (Little's law). ``knee`` 0: ``min(1, x)``; else the smooth
+    ``x / (1 + x^knee)^(1/knee)``: near the peak the latency grows with the load, so a grid that
+    keeps exactly one latency's worth of bytes in flight reaches 2^(-1/knee) of the peak, not all
+    of it (the streaming-read probe: 88 % at x = 1.14 on an H200, ``Calibration.dram_knee``)."""
+    if knee <= 0:
+        return min(1.0, x)
+    return x / (1.0 + x ** knee) ** (1.0 / knee)
+
+
 def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     """Roofline cost of ``node`` on the GPU of ``cal``."""
     blocks, threads = kernel_geometry(node, cal)
@@ -419,7 +431,8 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     fixed += rows_ns
     slots = cal.sm_count * cal.max_threads_per_sm
     resident = min(blocks * threads, slots)
-    mem_cap = min(1.0, resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns))
+    mem_cap = bandwidth_share(resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns),
+                              cal.dram_knee)
     sm_cap = min(1.0, min(blocks, cal.sm_count) / cal.sm_count)
     mem_ns, cmp_ns = nbytes / cal.dram_Bpns, flops / cal.fp32_flops_per_ns
     if scale < 1.0:

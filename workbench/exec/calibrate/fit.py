@@ -190,6 +190,32 @@ def fit(raw: Mapping[str, Any], base: Mapping[str, Any]) -> dict[str, Any]:
     return o.out
 
 
+#: the values ``dram_knee_fit`` tries (0: the plain ``min(1, x)``)
+DRAM_KNEE_GRID = (0.0, *np.arange(1.0, 10.01, 0.25))
+#: bytes-in-flight share from which the read probe's points fit the knee (below it they fit the latency)
+KNEE_FROM_X = 0.3
+
+
+def dram_knee_fit(reads: Sequence[Mapping[str, Any]], bif: float, peak_GBps: float, latency_ns: float,
+                  max_threads: int) -> tuple[float, str]:
+    """``dram_knee`` from the streaming-read probe: the grid value whose ``cost.bandwidth_share``
+    of the probe's grids (bytes in flight ``x`` of bandwidth x latency at least ``KNEE_FROM_X``)
+    has the least squared log error against their measured bandwidth."""
+    from ..cost import bandwidth_share
+
+    pts = [(min(r["threads"], max_threads) * bif / (peak_GBps * latency_ns), r["GBps"] / peak_GBps) for r in reads]
+    pts = [(x, y) for x, y in pts if x >= KNEE_FROM_X and y > 0]
+    if not pts:
+        return 0.0, "no read-probe grid near the peak: the plain Little's law min(1, x)"
+    err = [(float(np.sqrt(np.mean([np.log(bandwidth_share(x, k) / y) ** 2 for x, y in pts]))), float(k))
+           for k in DRAM_KNEE_GRID]
+    rms, knee = min(err)
+    plain = err[0][0]
+    return knee, (f"least squared log error of x / (1 + x^n)^(1/n) against the streaming-read probe's {len(pts)} "
+                  f"grids with x >= {KNEE_FROM_X} (x: threads x {bif:g} B in flight / (bandwidth x the latency "
+                  f"above)): rms {100 * rms:.1f} % (min(1, x): {100 * plain:.1f} %)")
+
+
 def _fit_device(o: _Output, dev: Mapping[str, Any]) -> None:
     """The device's properties, memory system, FMA rate and PCIe copies, from the probes."""
     pt = dev["probe_trace_summary"]
@@ -211,6 +237,9 @@ def _fit_device(o: _Output, dev: Mapping[str, Any]) -> None:
                  "thread): threads x bytes in flight / achieved bandwidth, median over grid sizes")
     o.set_device("bytes_in_flight_per_thread", bif, "the read probe's two 16-byte loads in flight per thread, the "
                  "same depth the latency above was measured with")
+    knee, how = dram_knee_fit(reads, bif, o.device["dram_bandwidth_GBps"] * o.device["dram_efficiency"],
+                              o.device["dram_latency_ns"], dev["sm_count"] * dev["max_threads_per_sm"])
+    o.set_device("dram_knee", knee, how)
     o.set_device("fp32_TFLOPS", dev["fp32_TFLOPS"],
                  "FMA probe: 8 independent fmaf chains per thread, 8 blocks x 256 threads per SM")
     pcie = pt["h2d_pinned_big_bytes"] / pt["h2d_pinned_big_ns"]
