@@ -66,8 +66,8 @@ OUT_IDS_MODELS: dict[str, str] = {"llama": "attn_out", "qwen3_moe": "attn_out"}
 
 def llamacpp_strategy(strategy: Strategy) -> Strategy:
     """``strategy`` with the fusions llama.cpp applies under its switches: all of them when any
-    fusion but ``copy-elim`` is asked (``copy-elim`` kept as asked: the peer patch can keep the
-    GDN copy), none otherwise."""
+    fusion but ``copy-elim`` is asked (``copy-elim`` kept as asked: the peer patch's switch), none
+    otherwise. (At one token the GDN copy is gone either way: ``gdn_copy_elided``.)"""
     if not (strategy.fusion - {"copy-elim"}):
         return replace(strategy, fusion=frozenset())
     full = set(FUSIONS) - set(WORKBENCH_FUSIONS) - {"copy-elim"} | (strategy.fusion & {"copy-elim"})
