@@ -282,7 +282,6 @@ def serial_units(node: Node, cal: Calibration) -> int:
     return 0
 
 
-
 def executor_call(node: Node) -> KernelCall | None:
     """The launch the workbench's ``cuda`` executor makes for ``node`` (``None`` where no kernel
     takes its views): ``cuda_ops.bind`` with every buffer at an aligned base, as the executor

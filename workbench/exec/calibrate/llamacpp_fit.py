@@ -52,6 +52,7 @@ from ...graph.graph import Node
 from ...strategy import Strategy
 from ..calibration import FAMILY_FIELDS, Calibration, CalibrationError, parse_calibration
 from ..cost import KERNEL_NAMES
+from .decode_matrix import knob_effect
 from .kernel_fit import MIN_OP_KERNELS, fit_groups, pdl_saving_ns, prologue_ceilings
 from .llamacpp_schedule import llamacpp_plan
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
@@ -141,15 +142,12 @@ class Measured(dict):
         self.rows = dict(rows or {})
 
     def speedup(self, a: tuple[str, int, str], b: tuple[str, int, str]) -> float:
-        """``t(a) / t(b) - 1`` in % (the fits' convention): where both cells hold rounds, the
-        median of the rounds' own ratios (``decode_matrix.round_pairs``: one llama.cpp process
-        differs from the next by 1-5 %), else the ratio of the medians."""
-        from .decode_matrix import round_pairs
-
-        ra, rb = self.rows.get(a), self.rows.get(b)
-        pairs = round_pairs(ra, rb) if ra is not None and rb is not None else []
-        if pairs:
-            return float(np.median([100 * (x / y - 1) for x, y in pairs]))
+        """``t(a) / t(b) - 1`` in % (the fits' convention): the report's effect of going from
+        ``b`` to ``a`` (``decode_matrix.knob_effect``: the median of the rounds' own where both
+        cells hold rounds, one llama.cpp process differing from the next by 1-5 %), else the
+        ratio of the medians."""
+        if a in self.rows and b in self.rows:
+            return knob_effect(self.rows[b], self.rows[a])[0]
         return 100 * (self[a] / self[b] - 1)
 
 
@@ -168,14 +166,6 @@ def read_measured(path: Path | None, context: int | None = None) -> Measured:
 def cell(t: LlamaCppTrace) -> tuple[str, int, str]:
     """The measured cell of trace ``t``: (preset, layers, config)."""
     return (*model_key(t.model, t.layers), t.config_label)
-
-
-def speedup(measured: Mapping[tuple[str, int, str], float], a: tuple[str, int, str], b: tuple[str, int, str]) -> float:
-    """``t(a) / t(b) - 1`` in % of two measured cells, round-paired where ``measured`` can
-    (``Measured.speedup``)."""
-    if isinstance(measured, Measured):
-        return measured.speedup(a, b)
-    return 100 * (measured[a] / measured[b] - 1)
 
 
 def cupti_from_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any], measured_targets: Mapping[str, float]
@@ -497,11 +487,11 @@ def untraced_graph_launch(base: dict[str, Any]) -> tuple[float, str]:
 
 
 def graph_stream_fit(traces: list[LlamaCppTrace], cal: dict[str, Any], untraced: Mapping[str, float],
-                     by_cell: Mapping[tuple[str, int, str], float] | None = None) -> tuple[float, str] | None:
+                     by_cell: Measured) -> tuple[float, str] | None:
     """``graph_stream_ns`` fitted with the simulator in the loop where the GRAPH_OPT knob was
     measured untraced: over pairs of graph traces of one model without / with Q/K/V streams, the
     grid value whose predicted knob effects come closest (median absolute difference, points)
-    to the untraced ones (``by_cell``, the measured cells: paired round by round, ``speedup``).
+    to the untraced ones (``by_cell``, the measured cells: paired round by round, ``Measured.speedup``).
     The traced host time (``graph_stream_cost``) carries CUPTI's per-node cost of the fork's extra
     event nodes; None without an untraced pair."""
     from dataclasses import replace
@@ -512,8 +502,7 @@ def graph_stream_fit(traces: list[LlamaCppTrace], cal: dict[str, Any], untraced:
              and t.name in untraced and (k := (t.model, t.layers, replace(t.strategy, streams="single"))) in single]
     if not pairs:
         return None
-    measured = [speedup(by_cell, cell(a), cell(b)) if by_cell else 100 * (untraced[a.name] / untraced[b.name] - 1)
-                for a, b in pairs]
+    measured = [by_cell.speedup(cell(a), cell(b)) for a, b in pairs]
     prof = cal["host_profiles"][PROFILE]
     best = (np.inf, 0.0)
     for v in GRAPH_STREAM_GRID_NS:
@@ -529,7 +518,7 @@ def graph_stream_fit(traces: list[LlamaCppTrace], cal: dict[str, Any], untraced:
 
 
 def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
-                        measured: Mapping[tuple[str, int, str], float]) -> tuple[float, str] | None:
+                        measured: Measured) -> tuple[float, str] | None:
     """``memcpy_blocking_ns`` fitted with the simulator in the loop where the sync-reduction
     patch was measured untraced: for each graph trace of the upstream host path (a sync and a
     blocking copy per input) whose model was also run under ``SYNC_CONFIGS``, the grid value
@@ -541,11 +530,11 @@ def memcpy_blocking_fit(traces: list[LlamaCppTrace], cal: dict[str, Any],
 
     runs = []
     for t in traces:
-        key = model_key(t.model, t.layers)
-        if not (t.strategy.graphs and t.strategy.sync == "per-copy" and (*key, t.config_label) in measured):
+        here = cell(t)
+        if not (t.strategy.graphs and t.strategy.sync == "per-copy" and here in measured):
             continue
-        runs += [(t, mode, speedup(measured, (*key, t.config_label), (*key, name)))
-                 for name, mode in SYNC_CONFIGS.get(t.config_label, {}).items() if (*key, name) in measured]
+        runs += [(t, mode, measured.speedup(here, (*here[:2], name)))
+                 for name, mode in SYNC_CONFIGS.get(t.config_label, {}).items() if (*here[:2], name) in measured]
     if not runs:
         return None
 
@@ -600,7 +589,7 @@ def fit_targets(traces: list[LlamaCppTrace], measured: Mapping[tuple[str, int, s
     us/token of ``measured`` where it has the run, else the traced token's span."""
     targets, what = {}, set()
     for t in traces:
-        us = measured.get((*model_key(t.model, t.layers), t.config_label))
+        us = measured.get(cell(t))
         what.add("untraced us/token (llamacpp_peer.py)" if us is not None else "traced token spans")
         target = us if us is not None else token_span_us(t)
         if target == target:
@@ -619,7 +608,7 @@ def host_residuals(traces: list[LlamaCppTrace], cal: dict[str, Any],
     out: dict[str, tuple[float, str]] = {}
     targets, what = fit_targets(traces, measured)
     # untraced us/token where llamacpp_peer.py measured the run: a traced span carries CUPTI's cost
-    untraced = {t.name for t in traces if (*model_key(t.model, t.layers), t.config_label) in measured}
+    untraced = {t.name for t in traces if cell(t) in measured}
     graph = ([t for t in traces if t.strategy.graphs and t.name in untraced]
              or [t for t in traces if t.strategy.graphs and t.name in targets])
     if graph:
@@ -775,7 +764,7 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack)."""
     if not traces:
         raise TraceFolderError("no trace left to fit (every trace held out?)")
-    measured = measured or {}
+    measured = measured if isinstance(measured, Measured) else Measured(measured or {})
     base = without_first_read_setup(base)
     base_cal = parse_calibration(base, "base calibration")
     cal = copy.deepcopy(base)
@@ -805,8 +794,7 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     early = pdl_early_ns(savings, base_cal)
     used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, 0.0, early)
     targets, _ = fit_targets(traces, measured)
-    untraced = {t.name: targets[t.name] for t in traces
-                if (*model_key(t.model, t.layers), t.config_label) in measured}
+    untraced = {t.name: targets[t.name] for t in traces if cell(t) in measured}
     by_fusion = cupti_from_fusion_pairs(traces, untraced)
     cupti, cupti_how = (by_fusion if by_fusion is not None else cupti_from_residuals(traces, cal, untraced)
                         if untraced else (0.0, "0: no untraced us/token"))
