@@ -3,8 +3,9 @@ and the llama.cpp fidelity report (GPU), then bundle them into one tar.
 
 Each model x config (``llamacpp_peer.py``'s MODELS and CONFIGS, reused) is one run of the
 ``llamacpp`` backend with ``trace`` (``workbench.exec.calibrate.llamacpp_record.record``):
-``--tokens`` tokens (default 6) at positions 448.. of a 512-row context, written as
-``<model>-L<layers>_<config>.parquet`` in ``--out-dir``. A file already there is kept (a call cut
+``--tokens`` tokens (default 6) at positions 448.. of a 512-row context (``--context`` and
+``--start-pos`` for a long-context capture), written as ``<model>-L<layers>_<config>.parquet``
+(``_ctx<N>`` added for another context) in ``--out-dir``. A file already there is kept (a call cut
 by ``--budget-s`` or the machine's time limit resumes where it stopped); a config llama.cpp or
 this build cannot run is reported and skipped. Then ``--out-dir`` is packed into
 ``<out-dir>.tar`` (the GPU machine returns few files) with a ``captures.jsonl`` listing each
@@ -42,13 +43,16 @@ from workbench.exec.calibrate.specs import ModelSpec  # noqa: E402
 PLAIN_CONFIGS = [name for name, (_, models, patch) in CONFIGS.items() if patch is None and models == "all"]
 
 
-def captures(models: list[str], configs: list[str], tokens: int) -> list[Capture]:
-    """Model specs (``preset[:layers]``, default layers from MODELS) x config names."""
+def captures(models: list[str], configs: list[str], tokens: int, context: int = CONTEXT,
+             start_pos: int | None = None) -> list[Capture]:
+    """Model specs (``preset[:layers]``, default layers from MODELS) x config names, in a
+    ``context``-row context from ``start_pos`` (default: the last 64 rows, as 448 of 512)."""
+    start = start_pos if start_pos is not None else context - (CONTEXT - START)
     out = []
     for spec in models:
         ms = ModelSpec.parse(spec)
         n = ms.layers or MODELS.get(ms.model)
-        out += [Capture(ms.model, n, c, CONFIGS[c][0], CONTEXT, START, tokens) for c in configs]
+        out += [Capture(ms.model, n, c, CONFIGS[c][0], context, start, tokens) for c in configs]
     return out
 
 
@@ -77,6 +81,10 @@ def main() -> int:
                    help=f"comma-separated llamacpp_peer.py configs (default {','.join(PLAIN_CONFIGS)})")
     p.add_argument("--out-dir", required=True, type=Path)
     p.add_argument("--tokens", type=int, default=TOKENS, help=f"timed tokens per capture (default {TOKENS})")
+    p.add_argument("--context", type=int, default=CONTEXT,
+                   help=f"context rows (default {CONTEXT}); another context is a long-context capture, whose kernels "
+                        "(attention over many keys) the fit adds to its kernel fits only; its file ends _ctx<N>")
+    p.add_argument("--start-pos", type=int, help="first timed position (default: context - 64)")
     p.add_argument("--budget-s", type=float, default=1e9, help="stop starting captures after this many seconds")
     p.add_argument("--tar", type=Path, help="where to write the bundle (default <out-dir>.tar); e.g. $OUT/x.tar "
                                             "with --out-dir on a path that survives between calls")
@@ -92,7 +100,9 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log = args.out_dir / "captures.jsonl"
     t0, rc = time.time(), 0
-    todo = captures(args.models.replace(",", " ").split(), configs, args.tokens)
+    if args.context < 1 or not 0 <= (args.start_pos or 0) < args.context - args.tokens:
+        p.error(f"--start-pos {args.start_pos} and --tokens {args.tokens} must fit in --context {args.context}")
+    todo = captures(args.models.replace(",", " ").split(), configs, args.tokens, args.context, args.start_pos)
     for i, cap in enumerate(todo):
         if args.drop_gguf and i and todo[i - 1].model != cap.model:
             drop_tiled(todo[i - 1].model)

@@ -518,8 +518,11 @@ calibration file):
   runs a block per output row that ends in a reduction, so at the same bytes 2048-wide rows
   (llama-3.2-1b, the qwen3 MoEs) take longer than 4096- and 14336-wide ones (llama-3.1-8b). One line per
   kernel still misses single shapes: the lm_head mat-vec is predicted 6-13 % slow on llama and
-  qwen3-30b-a3b, the 512- and 1024-row K/V projections 6-7 % fast (`_op_times.csv`), and held-out
-  gpt-oss-20b's 2880-wide rows about 20 % fast (its Q projection and lm_head).
+  qwen3-30b-a3b, the 512- and 1024-row K/V projections 6-7 % fast (`_op_times.csv`). How many bytes a
+  lane keeps in flight follows `mul_mat_vec_f`'s unrolled column loop (`cost.mmvf_rounds`: 16 B at
+  2048, 4096 and 14336 columns, 7.5 B at gpt-oss-20b's 2880), which takes held-out gpt-oss-20b's Q
+  projection and lm_head from 19-20 % fast to 13 % fast; qwen3-8b's rows, in no fit
+  (`data/traces/llamacpp/h200_widths`), come out within 8 % but its lm_head (+11.5 %).
 * **Expert mat-mul**: llama.cpp runs an unfused f16 `MUL_MAT_ID` (gate, up; down always) as the
   tensor-core `mul_mat_f` over every expert's 32-row blocks, not the selected experts' rows; the
   blocks of unused experts exit (`cost.mmf_ids_geometry`). Its time follows the expert count beside
@@ -528,8 +531,8 @@ calibration file):
   a fit per selected row had Qwen3-Next's gate 33 % fast. It still misses Qwen3-Next's gate by 14 %,
   and which experts a token picks moves one kernel by up to 3 us (the last used expert's blocks start
   after the earlier experts' exits). For held-out gpt-oss-20b the per-row fit's expert mat-mul was
-  28 % slow and offset its mat-vecs' miss above; priced per wave it is within 12 %, and its cells
-  (not the 32k ones) come out 0.1-7.3 % fast, where they were -4.5..+4.6 %.
+  28 % slow and offset its mat-vecs' miss above; priced per wave it is 12 % slow, and its cells
+  (not the 32k ones) come out -4.8..+0.6 % (session 34: 0.1-7.3 % fast).
 * **Argsort**: llama.cpp's router argsort (`k_argsort_f32_i32`) is a one-block bitonic sort whose
   time follows its `s (s + 1) / 2` stages for `2^s` padded columns (5.5, 8.2 and 14.2 us at 32, 128
   and 512 experts on both GPUs), so its fit is charged per stage (`cost.bitonic_stages`); a fit that
@@ -541,8 +544,16 @@ calibration file):
   (timestamp jitter), the kernels launched through `ggml_cuda_kernel_launch` at 44-100 %. This is why
   PDL buys gpt-oss-20b little (measured -2.7 % at 8 layers,
   -2.0 % at 24).
-* **FLASH_ATTN_EXT** is one fit over head sizes that differ (64 and 128 on llama, 256 on qwen3-next):
-  too slow on llama, too fast on qwen3-next.
+* **FLASH_ATTN_EXT**: llama.cpp splits each head's keys over `parallel_blocks` blocks
+  (`cost.fattn_vec_parallel`) and each block walks its keys tile by tile, so the fit charges the keys
+  a block walks (`serial_units`) beside the bytes. The long-context captures (llama-3.2-1b at 8k and
+  32k keys, llama-3.1-8b at 32k) fit within 1 % and make gpt-oss-20b's 32k cells -10.1 and -13.1 %
+  (were -18.0 and -18.9). One fit spans head sizes 64, 128 and 256, whose 512-key kernels it misses
+  by up to 35 % (qwen3-next's, 13.2 us, predicted fast; gpt-oss-20b's 21 % fast).
+* **Host time at long context**: the host time before a CUDA-graph token's launch grows with the
+  context (llama-3.2-1b: 438, 498 and 961 us at 512, 8192 and 32768 rows in the captures), which the
+  simulator's per-token host cost does not model (llama.cpp builds the attention masks on the host,
+  a row per KV cell); gpt-oss-20b's 32k cells are 208 and 348 us/token fast, less than that growth.
 * **Eager cells** (`eager`, `no_graphs_pdl0`) carry the host's noise: qwen3-30b-a3b's eager cell differs
   by 23 % between the backend and llama-bench in the same lease (`llamacpp_peer_f16_h200_s19a.md`), so
   the knobs measured from eager (`CUDA graphs (PDL off)`, `stack: + graphs`) miss on the MoE models.

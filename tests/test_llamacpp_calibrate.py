@@ -73,8 +73,8 @@ def test_shipped_calibration_predicts_the_untraced_runs_in_sample():
 
     cal = load_calibration("h200-llamacpp")
     measured = read_measured(PEER, 512)
-    runs = [t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"]
-    assert len(runs) == 10
+    runs = [t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b" and t.context == 512]
+    assert len(runs) == 10  # and two long-context captures, whose kernels only the kernel fits take
     for t in runs:
         us = measured[("llama-3.2-1b", 16, t.config_label)]
         assert simulated_us(t, cal)[0] == pytest.approx(us, rel=0.05), t.name
@@ -111,7 +111,7 @@ def test_fit_on_real_captures_and_untraced_runs(fitted_1b):
     assert "untraced us/token" in src["host_profiles.llama.cpp.graph_stream_ns"]
     cal = parse_calibration(data, "fit")
     measured = read_measured(PEER, 512)
-    for t in (t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"):
+    for t in (t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b" and t.context == 512):
         us = measured[("llama-3.2-1b", 16, t.config_label)]
         assert simulated_us(t, cal)[0] == pytest.approx(us, rel=0.10), t.name
 
@@ -611,3 +611,36 @@ def test_llamacpp_fit_takes_the_base_without_the_executors_first_read_setup():
     assert base["device"]["pdl_first_read_setup_ns"] == dev["pdl_first_read_setup_ns"]  # the base is not edited
     plain = copy.deepcopy(out)
     assert without_first_read_setup(plain) == plain
+
+
+def test_long_context_captures_feed_the_kernel_fits_only(fitted_1b):
+    """llama-3.2-1b's captures at 8k and 32k rows sit beside its 512-row ones: the fit's cells and
+    host numbers come from the 512-row context (main_context), its kernel fits take every capture,
+    so its attention fit prices the 32k-row kernel (32 key tiles a block, not 1) within 10 %."""
+    import sys
+
+    from workbench.exec.calibrate.llamacpp_fit import main_context
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
+    from workbench.exec.cost import kernel_cost
+
+    traces = [t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b"]
+    assert main_context(traces) == 512 and {t.context for t in traces} == {512, 8192, 32768}
+    long = {"llama-3.2-1b-L16_graphs_ctx8192", "llama-3.2-1b-L16_graphs_ctx32768"}
+    assert long <= set(fitted_1b["measured"]["traces"])
+    cal = parse_calibration(fitted_1b, "fit")
+    t = next(t for t in traces if t.context == 32768)
+    m = matched_kernels(t, cal)[0]
+    attn = m[m["op"] == "FLASH_ATTN_EXT"]
+    cfg = t.config()
+    node = next(la.node for la in llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + 1)).launches
+                if la.node.op == "FLASH_ATTN_EXT")
+    captured = float(attn["exposed_ns"].median()) - fitted_1b["measured"]["cupti_kernel_ns"]
+    assert captured > 30_000  # 32 key tiles a block: 6x the 512-row kernel
+    assert kernel_cost(node, cal).duration_ns == pytest.approx(captured, rel=0.10)
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from llamacpp_capture import captures
+
+    (cap,) = captures(["llama-3.2-1b"], ["graphs"], 6, 32768)
+    assert (cap.stem, cap.context, cap.start_pos) == ("llama-3.2-1b-L16_graphs_ctx32768", 32768, 32704)
+    (cap,) = captures(["llama-3.2-1b"], ["graphs"], 6)
+    assert (cap.stem, cap.start_pos) == ("llama-3.2-1b-L16_graphs", 448)

@@ -4,13 +4,15 @@ recovers it, and a fit without it costs what ``fixed + scale x roofline`` always
 from __future__ import annotations
 
 import dataclasses
+import json
+from pathlib import Path
 
 import numpy as np
 import pytest
 
 from workbench.exec.calibrate.kernel_fit import fit_groups, fit_row_kernels
 from workbench.exec.calibrate.llamacpp_traces import device_calibration
-from workbench.exec.calibration import FamilyCost, load_calibration
+from workbench.exec.calibration import CALIBRATION_DIR, FamilyCost, load_calibration
 from workbench.exec.cost import kernel_cost, mat_vec_rows
 from workbench.models import preset
 from workbench.strategy import Strategy
@@ -135,10 +137,11 @@ def test_llamacpp_argsort_extrapolates_to_qwen3_next_experts():
 def test_kernel_geometry_follows_the_grids_a_file_was_fitted_on():
     """A calibration fitted on the executor's grids prices a kernel on cuda_ops.bind's grid
     (decode attention: 32 heads x 8 blocks a head in clusters), one fitted before it on
-    llama.cpp's (launch_geometry), and a llama.cpp calibration always on llama.cpp's."""
+    llama.cpp's (launch_geometry), and a llama.cpp calibration always on llama.cpp's: its
+    attention split as launch_fattn splits it (fattn_vec_geometry: 4 blocks a head at 512 keys)."""
     from math import prod
 
-    from workbench.exec.cost import executor_call, kernel_geometry, launch_geometry
+    from workbench.exec.cost import executor_call, fattn_vec_geometry, kernel_geometry, launch_geometry
 
     node = _node("llama-3.1-8b", "kqv_out-0")
     cal = load_calibration("h200")
@@ -147,7 +150,10 @@ def test_kernel_geometry_follows_the_grids_a_file_was_fitted_on():
     assert kernel_geometry(node, cal) == (prod(call.grid), prod(call.block)) == (32 * 8, 128)
     older = dataclasses.replace(cal, grids="llamacpp")
     assert kernel_geometry(node, older) == launch_geometry(node, cal.sm_count) != kernel_geometry(node, cal)
-    assert kernel_geometry(node, dataclasses.replace(cal, executor="llamacpp")) == launch_geometry(node, cal.sm_count)
+    llamacpp = dataclasses.replace(cal, executor="llamacpp")
+    assert kernel_geometry(node, llamacpp) == fattn_vec_geometry(node, cal.sm_count)[:2] == (32 * 4, 128)
+    mat_vec = _node("llama-3.1-8b", "ffn_up-0")
+    assert kernel_geometry(mat_vec, llamacpp) == launch_geometry(mat_vec, cal.sm_count) == (14336, 256)
     assert load_calibration("h100").grids == "llamacpp"  # fitted 2026-11-27, before the executor's grids
 
 
@@ -213,3 +219,78 @@ def test_llamacpp_expert_matmul_follows_its_expert_count():
     for d in (got, pred):
         assert d[("qwen3-next-80b-a3b", "ffn_moe_gate-0")] > d[("qwen3-30b-a3b", "ffn_moe_gate-0")]
         assert d[("qwen3-next-80b-a3b", "ffn_moe_down-0")] > d[("qwen3-30b-a3b", "ffn_moe_down-0")]
+
+
+def test_mul_mat_vec_f_rounds_follow_its_unrolled_column_loop():
+    """ggml's mul_mat_vec_f picks 256 threads for these rows (the fewest iterations, two columns
+    a lane) and nvcc unrolls the column loop by 4 after a one-load-at-a-time remainder (its SASS
+    in the sm_90 build): a lane of a 2880-wide row waits 3 round trips, of a 4096-wide row 2."""
+    from workbench.exec.cost import mmvf_block, mmvf_rounds
+
+    assert [mmvf_block(c) for c in (512, 768, 2048, 2880, 14336)] == [256, 192, 256, 256, 256]
+    assert {c: mmvf_rounds(c, 256) for c in (1024, 2048, 2880, 4096, 14336)} == \
+        {1024: 2, 2048: 1, 2880: 3, 4096: 2, 14336: 7}
+
+
+def test_llamacpp_mat_vec_keeps_fewer_bytes_in_flight_on_2880_wide_rows():
+    """Little's law with the lanes' own depth: gpt-oss-20b's Q projection (4096 rows of 2880)
+    keeps 7.5 B a lane in flight where llama-3.1-8b's (4096 of 4096) keeps 16, so a llama.cpp
+    calibration caps its bandwidth lower; a cuda calibration keeps the device's probe depth."""
+    from workbench.exec.cost import bytes_in_flight, kernel_cost, kernel_geometry
+
+    lc, cuda = load_calibration("h200-llamacpp"), load_calibration("h200")
+    q_oss, q_8b = _node("gpt-oss-20b", "Qcur-0"), _node("llama-3.1-8b", "Qcur-0")
+    got = {m: bytes_in_flight(n, lc, *kernel_geometry(n, lc)) for m, n in (("oss", q_oss), ("8b", q_8b))}
+    assert got["8b"] == pytest.approx(16.0, rel=0.01) and got["oss"] == pytest.approx(7.5, rel=0.01)
+    assert bytes_in_flight(q_oss, cuda, 4096, 256) == cuda.bytes_in_flight_per_thread
+    assert kernel_cost(q_oss, lc).cap < kernel_cost(q_8b, lc).cap
+
+
+def test_llamacpp_attention_splits_keys_as_launch_fattn_does():
+    """launch_fattn's parallel_blocks: the vec kernel's blocks an SM holds (4 at head size 64),
+    raised until a wave is 95 % full; past that each block walks more key tiles in turn."""
+    from workbench.exec.cost import fattn_vec_parallel
+
+    assert fattn_vec_parallel(32, 512, 64, 132) == 8        # llama-3.2-1b: 256 blocks, a tile each
+    assert fattn_vec_parallel(32, 32768, 64, 132) == 16     # 512 blocks (97 % of a wave), 32 tiles each
+    assert fattn_vec_parallel(64, 32768, 64, 132) == 8      # gpt-oss-20b: 512 blocks, 64 tiles each
+    assert fattn_vec_parallel(32, 32768, 128, 132) == 12    # llama-3.1-8b: 384 blocks (3 an SM)
+
+
+CAPTURES = Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp"
+
+
+@pytest.mark.parametrize("folder,model,op,bound", [
+    # long-context captures (kernel fits only): attention over 8k and 32k keys
+    ("h200_captures", "llama-3.2-1b", "FLASH_ATTN_EXT", 0.08),
+    ("h200_captures", "llama-3.1-8b", "FLASH_ATTN_EXT", 0.08),
+    # never fitted: Qwen3-8B's 4096- and 12288-wide rows (2 and 6 rounds a lane)
+    ("h200_widths", "qwen3-8b", "MUL_MAT", 0.12),  # its lm_head +11.5 %, the rest within 8 %
+])
+def test_shipped_llamacpp_file_prices_captured_kernels(folder, model, op, bound):
+    """Per kernel of a layer (Qcur, ffn_up, ...: every layer's and token's), the median captured
+    time less CUPTI's per-kernel cost against the median the shipped H200 llama.cpp calibration
+    prices: within ``bound``. The widths folder's captures (2026-11-29) stay out of every fit: a
+    check of the mat-vec's load rounds on unseen rows."""
+    from workbench.exec.calibrate.llamacpp_schedule import llamacpp_plan
+    from workbench.exec.calibrate.llamacpp_traces import matched_kernels, read_traces
+    from workbench.exec.cost import kernel_cost
+
+    cal = load_calibration("h200-llamacpp")
+    cupti = json.loads((CALIBRATION_DIR / "h200-llamacpp.json").read_text())["measured"]["cupti_kernel_ns"]
+    seen = 0
+    for t in read_traces(CAPTURES / folder):
+        if t.model != model or t.config_label != "graphs" or (folder == "h200_captures" and t.context == 512):
+            continue
+        m, _ = matched_kernels(t, cal)
+        m = m[m["op"] == op]
+        cfg = t.config()
+        pred = {(tok, la.node.name): kernel_cost(la.node, cal).duration_ns for tok in m["token"].unique()
+                for la in llamacpp_plan(cfg, t.strategy, cfg.kv_len(t.start_pos + int(tok))).launches}
+        m = m.assign(pred=[pred[k] for k in zip(m["token"], m["node"])],
+                     kind=m["node"].str.replace(r"-\d+$", "", regex=True))
+        for kind, g in m.groupby("kind"):
+            assert float(g["pred"].median()) == pytest.approx(float(g["exposed_ns"].median()) - cupti, rel=bound), \
+                (t.name, kind)
+            seen += 1
+    assert seen

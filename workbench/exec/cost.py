@@ -165,10 +165,12 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         return max(1, dst.numel), 128                      # mul_mat_vec_q: 4 warps per row (calc_nwarps)
     if op == "QKV_ROPE_SET_ROWS":                          # ours: modelled as the mat-vec whose fit it takes
         return max(1, sum(w.numel // w.shape[-1] for w in node.srcs[:3])), 256   # a block per Q, K, V row
-    if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU"):
-        return max(1, dst.numel), 256                      # mul_mat_vec: one block per output row
-    if op in ("MUL_MAT_ID", "MUL_MAT_ID_GLU"):
-        return max(1, dst.numel), 256                      # rows of every selected expert
+    if op in ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU"):  # ours: modelled as a block per output row
+        return max(1, dst.numel), 256
+    if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "MUL_MAT_ID_GLU"):
+        return max(1, dst.numel), mmvf_block(node.srcs[0].shape[-1])   # mul_mat_vec_f: a block per output row
+    if op == "MUL_MAT_ID":  # the rows of every selected expert (llama.cpp's own: mmf_ids_geometry)
+        return max(1, dst.numel), 256
     if op in ("RMS_NORM", "RMS_NORM_MUL", "RMS_NORM_MUL_ADD", "RMS_NORM_MUL_Q8_1", "L2_NORM", "NORM_GATED",
               "SOFT_MAX", "ARGSORT_TOP_K", "SUM_ROWS", "TOPK_MOE"):
         src = node.srcs[0]
@@ -184,7 +186,7 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         x = node.srcs[0]                                   # the rotated rows (a cache is the fused dst)
         ne0 = x.shape[-1]
         return max(1, x.numel // ne0) * ceil(ne0 / (2 * _ELEMENTWISE_BLOCK)), _ELEMENTWISE_BLOCK
-    if op == "FLASH_ATTN_EXT":
+    if op == "FLASH_ATTN_EXT":  # the cuda-executor files' approximation; llama.cpp's: fattn_vec_geometry
         q, k = node.srcs[0], node.srcs[1]
         n_head, n_kv = q.shape[-2], k.shape[0]
         parallel = max(1, min(ceil(n_kv / _FATTN_KQ_STRIDE), ceil(2 * sm_count / n_head)))
@@ -196,6 +198,92 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         return ceil(node.srcs[2].shape[0] / 128), 128      # a thread per channel
     n = max(1, sum(o.numel for o in node.outs[:1]))
     return ceil(n / _ELEMENTWISE_BLOCK), _ELEMENTWISE_BLOCK
+
+
+#: llama.cpp's mul_mat_vec_f (ggml-cuda/mmvf.cu): its largest block and the unroll nvcc gives its
+#: column loop (its PTX, sm_90: the trip count's remainder first, one half2 load at a time, then
+#: groups of 4 loads issued together)
+MMVF_MAX_BLOCK, MMVF_UNROLL = 256, 4
+
+
+def mmvf_block(cols: int) -> int:
+    """Threads per block of llama.cpp's ``mul_mat_vec_f`` for rows of ``cols`` float weights, as
+    ``launch_mul_mat_vec_f_cuda`` picks them: the fewest iterations over the row's columns, two a
+    lane, from one warp to 256 threads (the first block size that reaches them)."""
+    warp = 32
+    best, best_iter = warp, ceil(cols / (2 * warp))
+    for bs in range(2 * warp, MMVF_MAX_BLOCK + 1, warp):
+        it = ceil(cols / (2 * bs))
+        if it < best_iter:
+            best, best_iter = bs, it
+    return best
+
+
+def mmvf_rounds(cols: int, threads: int) -> int:
+    """The DRAM round trips one ``mul_mat_vec_f`` block waits for in turn over a row of ``cols``
+    columns: a lane with ``t`` iterations (a half2 each) runs ``t % 4`` of them one load at a time,
+    then ``t // 4`` groups of 4 loads in flight; the block retires with its slowest lane. 2048,
+    4096 and 14336 columns give 1, 2 and 7 full rounds; 2880 gives 3 (6 iterations: 2 single, then
+    a group), so its lanes keep half the bytes in flight (``bytes_in_flight``)."""
+    pairs = cols // 2
+    hi, lo = ceil(pairs / threads), pairs // threads
+    return max(1, *(t % MMVF_UNROLL + t // MMVF_UNROLL for t in (hi, lo)))
+
+
+def mmvf_kernel(node: Node) -> bool:
+    """``node`` runs llama.cpp's ``mul_mat_vec_f`` (a float-weight mat-vec; an unfused expert
+    mat-mul runs ``mul_mat_f``: ``mmf_ids_geometry``)."""
+    return (node.op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "MUL_MAT_ID_GLU")
+            and not quantized_weight(node) and bool(node.srcs[0].shape))
+
+
+def bytes_in_flight(node: Node, cal: Calibration, blocks: int, threads: int) -> float:
+    """Bytes a lane of ``node``'s kernel keeps in flight (Little's law: ``kernel_cost``'s cap): the
+    device's (the read probe's depth), except llama.cpp's ``mul_mat_vec_f``, whose lanes keep its
+    bytes over its blocks' serial rounds (``mmvf_rounds``): 16 B where a lane's iterations are a
+    multiple of 4, 7.5 B at gpt-oss-20b's 2880 columns, whose rows stream about 30 % slower per
+    byte than llama-3.1-8b's 4096 (the captures in data/traces/llamacpp/h200_captures)."""
+    if cal.executor != "llamacpp" or not mmvf_kernel(node):
+        return cal.bytes_in_flight_per_thread
+    rounds = mmvf_rounds(node.srcs[0].shape[-1], threads)
+    return min(cal.bytes_in_flight_per_thread, node.bytes / (blocks * threads * rounds))
+
+
+#: llama.cpp's decode attention (``flash_attn_ext_vec``, one query column): 128 threads a block, and
+#: the blocks an SM holds by head size, from the registers ptxas gives it for sm_90a (125, 167 and
+#: 202 a thread at D = 64, 128 and 256, of 65536 an SM)
+FATTN_VEC_THREADS = 128
+FATTN_VEC_BLOCKS_PER_SM = {64: 4, 128: 3, 256: 2}
+
+
+def fattn_vec_parallel(n_head: int, n_kv: int, head_dim: int, sm_count: int) -> int:
+    """The blocks llama.cpp splits each query head's keys over (``launch_fattn``'s
+    ``parallel_blocks``): the blocks an SM holds, at most one per tile of ``head_dim`` keys, then
+    raised while that fills the last wave better, until a wave is 95 % full."""
+    per_sm = FATTN_VEC_BLOCKS_PER_SM.get(head_dim, 4 if head_dim <= 64 else 3 if head_dim <= 128 else 2)
+    tiles = max(1, ceil(n_kv / head_dim))
+    per_wave = sm_count * per_sm
+    best = par = min(per_sm, tiles)
+    best_eff, best_waves = 0, 0
+    for p in range(par, tiles + 1):
+        waves = ceil(n_head * p / per_wave)
+        eff = 100 * n_head * p // (waves * per_wave)
+        if best_eff >= 95 and waves > best_waves:
+            break
+        if eff > best_eff:
+            best, best_eff, best_waves = p, eff, waves
+    return best
+
+
+def fattn_vec_geometry(node: Node, sm_count: int) -> tuple[int, int, int]:
+    """(blocks, threads per block, key tiles each block walks in turn) of llama.cpp's
+    ``flash_attn_ext_vec`` for a decode FLASH_ATTN_EXT: a block per query head and split. A block
+    walks its tiles of ``head_dim`` keys one after another (load K, dot, softmax, load V), so past
+    a few thousand keys the tiles, not the bytes, set its time."""
+    q, k = node.srcs[0], node.srcs[1]
+    n_head, n_kv, d = q.shape[-2], k.shape[0], q.shape[-1]
+    par = fattn_vec_parallel(n_head, n_kv, d, sm_count)
+    return n_head * par, FATTN_VEC_THREADS, ceil(ceil(n_kv / d) / par)
 
 
 #: ops whose kernel is a mat-vec with one block per output row (``launch_geometry``)
@@ -270,9 +358,12 @@ def serial_units(node: Node, cal: Calibration) -> int:
     tail, ``mat_vec_rows``), a router's top-k selection's serial steps on the cuda executor
     (``top_k_steps``), llama.cpp's argsort's sort stages (``bitonic_stages``) and its expert
     mat-mul's waves of blocks over the SMs (``mmf_ids_geometry``: most find their expert unused
-    and exit, one wave after another); 0 for any other kernel."""
+    and exit, one wave after another) and its decode attention's key tiles per block
+    (``fattn_vec_geometry``); 0 for any other kernel."""
     if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
         return ceil(mmf[0] / cal.sm_count)
+    if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT":
+        return fattn_vec_geometry(node, cal.sm_count)[2] * node.srcs[0].shape[-1]
     if node.op in MAT_VEC_OPS:
         return mat_vec_rows(node, cal.sm_count)
     if cal.executor == "cuda" and node.op in TOP_K_OPS:
@@ -325,6 +416,8 @@ def kernel_geometry(node: Node, cal: Calibration) -> tuple[int, int]:
             return int(prod(call.grid)), int(prod(call.block))
     if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
         return mmf
+    if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT":
+        return fattn_vec_geometry(node, cal.sm_count)[:2]
     return launch_geometry(node, cal.sm_count)
 
 
@@ -430,8 +523,8 @@ def kernel_cost(node: Node, cal: Calibration) -> KernelCost:
     fixed += rows_ns
     slots = cal.sm_count * cal.max_threads_per_sm
     resident = min(blocks * threads, slots)
-    mem_cap = bandwidth_share(resident * cal.bytes_in_flight_per_thread / (cal.dram_Bpns * cal.dram_latency_ns),
-                              cal.dram_knee)
+    mem_cap = bandwidth_share(resident * bytes_in_flight(node, cal, blocks, threads)
+                              / (cal.dram_Bpns * cal.dram_latency_ns), cal.dram_knee)
     sm_cap = min(1.0, min(blocks, cal.sm_count) / cal.sm_count)
     mem_ns, cmp_ns = nbytes / cal.dram_Bpns, flops / cal.fp32_flops_per_ns
     if scale < 1.0:

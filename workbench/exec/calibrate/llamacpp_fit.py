@@ -41,6 +41,7 @@ from __future__ import annotations
 
 import copy
 import json
+from collections import Counter
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any
@@ -759,9 +760,11 @@ def _set_prologues(cal: dict[str, Any], savings: list[tuple[Node, float]]) -> No
 
 def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
         measured: Mapping[tuple[str, int, str], float] | None = None,
-        log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
+        log: Callable[[str], None] = lambda s: None,
+        kernel_traces: Iterable[LlamaCppTrace] = ()) -> dict[str, Any]:
     """The llama.cpp calibration dict from ``traces`` on top of ``base`` (a cuda calibration
-    dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack)."""
+    dict of the same GPU: device roofline, PDL probes, ops llama.cpp's traces lack);
+    ``kernel_traces`` add their kernels to the kernel fits only (captures of another context)."""
     if not traces:
         raise TraceFolderError("no trace left to fit (every trace held out?)")
     measured = measured if isinstance(measured, Measured) else Measured(measured or {})
@@ -792,14 +795,15 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
         src[f"device.{fld}"] = how
     savings = capture_savings(traces, base_cal)
     early = pdl_early_ns(savings, base_cal)
-    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, 0.0, early)
+    kernel_traces = [*traces, *kernel_traces]
+    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, kernel_traces, base_cal, base, 0.0, early)
     targets, _ = fit_targets(traces, measured)
     untraced = {t.name: targets[t.name] for t in traces if cell(t) in measured}
     by_fusion = cupti_from_fusion_pairs(traces, untraced)
     cupti, cupti_how = (by_fusion if by_fusion is not None else cupti_from_residuals(traces, cal, untraced)
                         if untraced else (0.0, "0: no untraced us/token"))
     if cupti > 0:
-        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, traces, base_cal, base, cupti, early)
+        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, kernel_traces, base_cal, base, cupti, early)
     _set_prologues(cal, savings)
     blocking = memcpy_blocking_fit(traces, cal, measured)
     if blocking is not None:
@@ -817,7 +821,7 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     models = sorted({t.model for t in traces})
     per_tok = unmatched.groupby(["trace", "family"]).agg(ns=("exposed_ns", "sum"), tokens=("token", "nunique"))
     cal["measured"] = {
-        "target": "llamacpp", "traces": [t.name for t in traces], "models": models, "cupti_kernel_ns": cupti,
+        "target": "llamacpp", "traces": [t.name for t in kernel_traces], "models": models, "cupti_kernel_ns": cupti,
         "cupti_kernel_how": cupti_how, "kernels_fitted": int(len(used)), "op_fits": op_rep, "family_fits": fam_rep,
         "unmatched": [{"trace": tr, "family": fam, "exposed_ns_per_token": round(float(r.ns / r.tokens))}
                       for (tr, fam), r in per_tok.iterrows()],
@@ -831,12 +835,21 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     return cal
 
 
+def main_context(traces: list[LlamaCppTrace]) -> int | None:
+    """The context most of ``traces`` ran in (the smallest of a tie; None without traces): the
+    captures whose cells the untraced runs measure."""
+    counts = Counter(t.context for t in traces)
+    return min(counts, key=lambda c: (-counts[c], c)) if counts else None
+
+
 def fit_folder(folder: Path, base: dict[str, Any], measured_path: Path | None = None,
                held_out: Iterable[str] = (), log: Callable[[str], None] = lambda s: None) -> dict[str, Any]:
-    """``fit`` of the traces in ``folder`` less the ``held_out`` models."""
+    """``fit`` of the traces in ``folder`` less the ``held_out`` models. The traces of
+    ``main_context`` fit everything; those of other contexts (long-context captures:
+    ``llamacpp_capture.py --context``) add their kernels to the kernel fits only, since the
+    untraced cells are matched by model, layers and config."""
     traces = hold_out(read_traces(folder), held_out)
-    contexts = {t.context for t in traces}
-    if len(contexts) > 1:
-        raise TraceFolderError(f"{folder}: traces of several contexts {sorted(contexts)}; fit one context's "
-                               "captures at a time (untraced runs are matched by model, layers and config)")
-    return fit(traces, base, read_measured(measured_path, next(iter(contexts), None)), log)
+    ctx = main_context(traces)
+    main = [t for t in traces if t.context == ctx]
+    return fit(main, base, read_measured(measured_path, ctx), log,
+               kernel_traces=[t for t in traces if t.context != ctx])

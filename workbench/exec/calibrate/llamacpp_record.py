@@ -34,10 +34,12 @@ class Capture:
 
     @property
     def stem(self) -> str:
-        """``<model>-L<layers>_<config>``, the file name the fit reads."""
+        """``<model>-L<layers>_<config>``, the file name the fit reads (``_ctx<context>`` added
+        outside the default context: the fit takes a long-context capture's kernels only)."""
         from ...models import preset
 
-        return f"{self.model}-L{self.layers or preset(self.model).n_layer}_{self.config}"
+        ctx = f"_ctx{self.context}" if self.context != CONTEXT else ""
+        return f"{self.model}-L{self.layers or preset(self.model).n_layer}_{self.config}{ctx}"
 
 
 def record(cap: Capture, out_dir: Path, suffix: str = ".parquet") -> tuple[Path, dict]:
