@@ -550,10 +550,11 @@ calibration file):
   32k keys, llama-3.1-8b at 32k) fit within 1 % and make gpt-oss-20b's 32k cells -10.1 and -13.1 %
   (were -18.0 and -18.9). One fit spans head sizes 64, 128 and 256, whose 512-key kernels it misses
   by up to 35 % (qwen3-next's, 13.2 us, predicted fast; gpt-oss-20b's 21 % fast).
-* **Host time at long context**: the host time before a CUDA-graph token's launch grows with the
-  context (llama-3.2-1b: 438, 498 and 961 us at 512, 8192 and 32768 rows in the captures), which the
-  simulator's per-token host cost does not model (llama.cpp builds the attention masks on the host,
-  a row per KV cell); gpt-oss-20b's 32k cells are 208 and 348 us/token fast, less than that growth.
+* **Host time at long context**: in the captures the traced `cudaGraphLaunch` grows with the context
+  (llama-3.2-1b: 293, 324 and 606 us at 512, 8192 and 32768 rows; the token's other host calls do
+  not), which the simulator does not model. CUPTI's node-level records inflate a traced graph launch,
+  so how much of it untraced llama.cpp pays is not measured; gpt-oss-20b's 32k cells are 208 and
+  348 us/token fast.
 * **Eager cells** (`eager`, `no_graphs_pdl0`) carry the host's noise: qwen3-30b-a3b's eager cell differs
   by 23 % between the backend and llama-bench in the same lease (`llamacpp_peer_f16_h200_s19a.md`), so
   the knobs measured from eager (`CUDA graphs (PDL off)`, `stack: + graphs`) miss on the MoE models.
