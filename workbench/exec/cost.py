@@ -201,8 +201,8 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
 
 
 #: llama.cpp's mul_mat_vec_f (ggml-cuda/mmvf.cu): its largest block and the unroll nvcc gives its
-#: column loop (its PTX, sm_90: the trip count's remainder first, one half2 load at a time, then
-#: groups of 4 loads issued together)
+#: column loop (the SASS of the sm_90 build: the trip count's remainder first, one half2 load at a
+#: time, then groups of 4 loads issued together)
 MMVF_MAX_BLOCK, MMVF_UNROLL = 256, 4
 
 
@@ -241,7 +241,7 @@ def bytes_in_flight(node: Node, cal: Calibration, blocks: int, threads: int) -> 
     """Bytes a lane of ``node``'s kernel keeps in flight (Little's law: ``kernel_cost``'s cap): the
     device's (the read probe's depth), except llama.cpp's ``mul_mat_vec_f``, whose lanes keep its
     bytes over its blocks' serial rounds (``mmvf_rounds``): 16 B where a lane's iterations are a
-    multiple of 4, 7.5 B at gpt-oss-20b's 2880 columns, whose rows stream about 30 % slower per
+    multiple of 4, 7.5 B at gpt-oss-20b's 2880 columns, whose rows stream about a third slower per
     byte than llama-3.1-8b's 4096 (the captures in data/traces/llamacpp/h200_captures)."""
     if cal.executor != "llamacpp" or not mmvf_kernel(node):
         return cal.bytes_in_flight_per_thread
@@ -250,8 +250,8 @@ def bytes_in_flight(node: Node, cal: Calibration, blocks: int, threads: int) -> 
 
 
 #: llama.cpp's decode attention (``flash_attn_ext_vec``, one query column): 128 threads a block, and
-#: the blocks an SM holds by head size, from the registers ptxas gives it for sm_90a (125, 167 and
-#: 202 a thread at D = 64, 128 and 256, of 65536 an SM)
+#: the blocks an SM holds by head size, from its registers in the sm_90 build (cuobjdump
+#: -res-usage: 168 and 202 a thread at D = 128 and 256; ptxas gives 125 at D = 64; 65536 an SM)
 FATTN_VEC_THREADS = 128
 FATTN_VEC_BLOCKS_PER_SM = {64: 4, 128: 3, 256: 2}
 
@@ -279,7 +279,7 @@ def fattn_vec_geometry(node: Node, sm_count: int) -> tuple[int, int, int]:
     """(blocks, threads per block, key tiles each block walks in turn) of llama.cpp's
     ``flash_attn_ext_vec`` for a decode FLASH_ATTN_EXT: a block per query head and split. A block
     walks its tiles of ``head_dim`` keys one after another (load K, dot, softmax, load V), so past
-    a few thousand keys the tiles, not the bytes, set its time."""
+    a few thousand keys the keys a block walks set its time as much as the bytes do."""
     q, k = node.srcs[0], node.srcs[1]
     n_head, n_kv, d = q.shape[-2], k.shape[0], q.shape[-1]
     par = fattn_vec_parallel(n_head, n_kv, d, sm_count)
@@ -358,8 +358,8 @@ def serial_units(node: Node, cal: Calibration) -> int:
     tail, ``mat_vec_rows``), a router's top-k selection's serial steps on the cuda executor
     (``top_k_steps``), llama.cpp's argsort's sort stages (``bitonic_stages``) and its expert
     mat-mul's waves of blocks over the SMs (``mmf_ids_geometry``: most find their expert unused
-    and exit, one wave after another) and its decode attention's key tiles per block
-    (``fattn_vec_geometry``); 0 for any other kernel."""
+    and exit, one wave after another) and the keys each block of its decode attention walks
+    (``fattn_vec_geometry``'s tiles of ``head_dim`` keys); 0 for any other kernel."""
     if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
         return ceil(mmf[0] / cal.sm_count)
     if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT":
