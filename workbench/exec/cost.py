@@ -251,7 +251,7 @@ def bytes_in_flight(node: Node, cal: Calibration, blocks: int, threads: int) -> 
 
 #: llama.cpp's decode attention (``flash_attn_ext_vec``, one query column): 128 threads a block, and
 #: the blocks an SM holds by head size, from its registers in the sm_90 build (cuobjdump
-#: -res-usage: 168 and 202 a thread at D = 128 and 256; ptxas gives 125 at D = 64; 65536 an SM)
+#: -res-usage: 125, 168 and 202 a thread at D = 64, 128 and 256, of 65536 an SM)
 FATTN_VEC_THREADS = 128
 FATTN_VEC_BLOCKS_PER_SM = {64: 4, 128: 3, 256: 2}
 
