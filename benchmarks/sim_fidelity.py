@@ -522,7 +522,8 @@ calibration file):
   lane keeps in flight follows `mul_mat_vec_f`'s unrolled column loop (`cost.mmvf_rounds`: 16 B at
   2048, 4096 and 14336 columns, 7.5 B at gpt-oss-20b's 2880), which takes held-out gpt-oss-20b's Q
   projection and lm_head from 19-20 % fast to 13 % fast; qwen3-8b's rows, in no fit
-  (`data/traces/llamacpp/h200_widths`), come out within 8 % but its lm_head (+11.5 %).
+  (`data/traces/llamacpp/h200_widths`), come out within 8 % under the shipped file, but its lm_head
+  (+11.5 %).
 * **Expert mat-mul**: llama.cpp runs an unfused f16 `MUL_MAT_ID` (gate, up; down always) as the
   tensor-core `mul_mat_f` over every expert's 32-row blocks, not the selected experts' rows; the
   blocks of unused experts exit (`cost.mmf_ids_geometry`). Its time follows the expert count beside
