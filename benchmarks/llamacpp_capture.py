@@ -100,11 +100,11 @@ def main() -> int:
     args.out_dir.mkdir(parents=True, exist_ok=True)
     log = args.out_dir / "captures.jsonl"
     t0, rc = time.time(), 0
-    start = args.start_pos if args.start_pos is not None else args.context - (CONTEXT - START)
+    todo = captures(args.models.replace(",", " ").split(), configs, args.tokens, args.context, args.start_pos)
+    start = todo[0].start_pos if todo else 0
     if not 0 <= start <= args.context - args.tokens:
         p.error(f"positions {start}..{start + args.tokens - 1} do not fit a {args.context}-row context "
                 "(--context, --start-pos, --tokens)")
-    todo = captures(args.models.replace(",", " ").split(), configs, args.tokens, args.context, start)
     for i, cap in enumerate(todo):
         if args.drop_gguf and i and todo[i - 1].model != cap.model:
             drop_tiled(todo[i - 1].model)

@@ -18,6 +18,8 @@ from workbench.models import preset
 from workbench.strategy import Strategy
 from workbench.strategy.steps import plan_for
 
+CAPTURES = Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp"
+
 
 def test_fit_recovers_a_synthetic_row_term():
     """Mat-vecs of three row widths: rows and bytes are not proportional, so both slopes show."""
@@ -195,13 +197,9 @@ def test_llamacpp_expert_matmul_follows_its_expert_count():
     grid, orders them so (a fit per selected row, before, priced Qwen3-30B-A3B's the slower) and
     predicts each model's gate and down medians (graphs, no PDL) within 15 %: Qwen3-Next's gate is
     its worst, about 14 % fast, where which experts a token picks moves a kernel by 3 us."""
-    import json
-    from pathlib import Path
-
     from workbench.exec.calibrate.llamacpp_traces import read_traces
-    from workbench.exec.calibration import CALIBRATION_DIR
 
-    root = Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp" / "h200_captures"
+    root = CAPTURES / "h200_captures"
     cal = load_calibration("h200-llamacpp")
     cupti = json.loads((CALIBRATION_DIR / "h200-llamacpp.json").read_text())["measured"]["cupti_kernel_ns"]
     got, pred = {}, {}
@@ -255,9 +253,6 @@ def test_llamacpp_attention_splits_keys_as_launch_fattn_does():
     assert fattn_vec_parallel(32, 32768, 64, 132) == 16     # 512 blocks (97 % of a wave), 32 tiles each
     assert fattn_vec_parallel(64, 32768, 64, 132) == 8      # gpt-oss-20b: 512 blocks, 64 tiles each
     assert fattn_vec_parallel(32, 32768, 128, 132) == 12    # llama-3.1-8b: 384 blocks (3 an SM)
-
-
-CAPTURES = Path(__file__).resolve().parents[1] / "data" / "traces" / "llamacpp"
 
 
 @pytest.mark.parametrize("folder,model,op,bound", [

@@ -167,7 +167,7 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         return max(1, sum(w.numel // w.shape[-1] for w in node.srcs[:3])), 256   # a block per Q, K, V row
     if op in ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU"):  # ours: modelled as a block per output row
         return max(1, dst.numel), 256
-    if op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "MUL_MAT_ID_GLU"):
+    if op in MMVF_OPS:
         return max(1, dst.numel), mmvf_block(node.srcs[0].shape[-1])   # mul_mat_vec_f: a block per output row
     if op == "MUL_MAT_ID":  # the rows of every selected expert (llama.cpp's own: mmf_ids_geometry)
         return max(1, dst.numel), 256
@@ -204,6 +204,8 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
 #: column loop (the SASS of the sm_90 build: the trip count's remainder first, one half2 load at a
 #: time, then groups of 4 loads issued together)
 MMVF_MAX_BLOCK, MMVF_UNROLL = 256, 4
+#: the ops llama.cpp runs as mul_mat_vec_f on float weights (an unfused MUL_MAT_ID: mmf_ids_geometry)
+MMVF_OPS = ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "MUL_MAT_ID_GLU")
 
 
 def mmvf_block(cols: int) -> int:
@@ -233,8 +235,7 @@ def mmvf_rounds(cols: int, threads: int) -> int:
 def mmvf_kernel(node: Node) -> bool:
     """``node`` runs llama.cpp's ``mul_mat_vec_f`` (a float-weight mat-vec; an unfused expert
     mat-mul runs ``mul_mat_f``: ``mmf_ids_geometry``)."""
-    return (node.op in ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "MUL_MAT_ID_GLU")
-            and not quantized_weight(node) and bool(node.srcs[0].shape))
+    return node.op in MMVF_OPS and not quantized_weight(node) and bool(node.srcs[0].shape)
 
 
 def bytes_in_flight(node: Node, cal: Calibration, blocks: int, threads: int) -> float:
@@ -276,14 +277,14 @@ def fattn_vec_parallel(n_head: int, n_kv: int, head_dim: int, sm_count: int) -> 
 
 
 def fattn_vec_geometry(node: Node, sm_count: int) -> tuple[int, int, int]:
-    """(blocks, threads per block, key tiles each block walks in turn) of llama.cpp's
-    ``flash_attn_ext_vec`` for a decode FLASH_ATTN_EXT: a block per query head and split. A block
-    walks its tiles of ``head_dim`` keys one after another (load K, dot, softmax, load V), so past
-    a few thousand keys the keys a block walks set its time as much as the bytes do."""
+    """(blocks, threads per block, keys each block walks) of llama.cpp's ``flash_attn_ext_vec`` for
+    a decode FLASH_ATTN_EXT: a block per query head and split. A block walks its tiles of
+    ``head_dim`` keys one after another (load K, dot, softmax, load V), so past a few thousand keys
+    the keys a block walks set its time as much as the bytes do."""
     q, k = node.srcs[0], node.srcs[1]
     n_head, n_kv, d = q.shape[-2], k.shape[0], q.shape[-1]
     par = fattn_vec_parallel(n_head, n_kv, d, sm_count)
-    return n_head * par, FATTN_VEC_THREADS, ceil(ceil(n_kv / d) / par)
+    return n_head * par, FATTN_VEC_THREADS, ceil(ceil(n_kv / d) / par) * d
 
 
 #: ops whose kernel is a mat-vec with one block per output row (``launch_geometry``)
@@ -359,11 +360,11 @@ def serial_units(node: Node, cal: Calibration) -> int:
     (``top_k_steps``), llama.cpp's argsort's sort stages (``bitonic_stages``) and its expert
     mat-mul's waves of blocks over the SMs (``mmf_ids_geometry``: most find their expert unused
     and exit, one wave after another) and the keys each block of its decode attention walks
-    (``fattn_vec_geometry``'s tiles of ``head_dim`` keys); 0 for any other kernel."""
+    (``fattn_vec_geometry``); 0 for any other kernel."""
     if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
         return ceil(mmf[0] / cal.sm_count)
     if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT":
-        return fattn_vec_geometry(node, cal.sm_count)[2] * node.srcs[0].shape[-1]
+        return fattn_vec_geometry(node, cal.sm_count)[2]
     if node.op in MAT_VEC_OPS:
         return mat_vec_rows(node, cal.sm_count)
     if cal.executor == "cuda" and node.op in TOP_K_OPS:

@@ -795,15 +795,15 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
         src[f"device.{fld}"] = how
     savings = capture_savings(traces, base_cal)
     early = pdl_early_ns(savings, base_cal)
-    kernel_traces = [*traces, *kernel_traces]
-    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, kernel_traces, base_cal, base, 0.0, early)
+    every = [*traces, *kernel_traces]  # the kernel fits' traces
+    used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, every, base_cal, base, 0.0, early)
     targets, _ = fit_targets(traces, measured)
     untraced = {t.name: targets[t.name] for t in traces if cell(t) in measured}
     by_fusion = cupti_from_fusion_pairs(traces, untraced)
     cupti, cupti_how = (by_fusion if by_fusion is not None else cupti_from_residuals(traces, cal, untraced)
                         if untraced else (0.0, "0: no untraced us/token"))
     if cupti > 0:
-        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, kernel_traces, base_cal, base, cupti, early)
+        used, unmatched, op_rep, fam_rep = _set_kernel_fits(cal, every, base_cal, base, cupti, early)
     _set_prologues(cal, savings)
     blocking = memcpy_blocking_fit(traces, cal, measured)
     if blocking is not None:
@@ -821,7 +821,7 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
     models = sorted({t.model for t in traces})
     per_tok = unmatched.groupby(["trace", "family"]).agg(ns=("exposed_ns", "sum"), tokens=("token", "nunique"))
     cal["measured"] = {
-        "target": "llamacpp", "traces": [t.name for t in kernel_traces], "models": models, "cupti_kernel_ns": cupti,
+        "target": "llamacpp", "traces": [t.name for t in every], "models": models, "cupti_kernel_ns": cupti,
         "cupti_kernel_how": cupti_how, "kernels_fitted": int(len(used)), "op_fits": op_rep, "family_fits": fam_rep,
         "unmatched": [{"trace": tr, "family": fam, "exposed_ns_per_token": round(float(r.ns / r.tokens))}
                       for (tr, fam), r in per_tok.iterrows()],
