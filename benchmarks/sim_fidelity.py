@@ -534,6 +534,18 @@ calibration file):
   after the earlier experts' exits). For held-out gpt-oss-20b the per-row fit's expert mat-mul was
   28 % slow and offset its mat-vecs' miss above; priced per wave it is 12 % slow, and its cells
   (not the 32k ones) come out -4.8..+0.6 % (session 34: 0.1-7.3 % fast).
+* **Expert bias**: gpt-oss-20b's `ADD_ID` is ggml's `add_id_kernel`, a block per selected expert's
+  row of min(columns, 768) threads (4 blocks of 768 at one token), whose lanes loop over the row
+  (its PTX: each pass loads, adds and stores before the next); priced on the element-wise kernels'
+  256-thread blocks over every element it was 1.4 us against 2.7-3.2 captured (-52 %), on its own
+  grid (`cost.launch_geometry`) 2.4 us, held out.
+* **Q/K/V streams**: llama.cpp's fork (`ggml_cuda_concurrent_event`) puts every branch on a stream
+  of its own, the Q projection included, and the forking stream waits for all three at the
+  attention, so the norm -> Q and branch -> attention edges are events, not PDL launches (the
+  graph_opt captures: four streams); the workbench's own `qkv` keeps Q on the forking stream. On
+  Qwen3-Next llama.cpp reorders the branches but runs one stream (its `is_valid` check drops the
+  forks; both GPUs' captures show one), and so does the schedule, which moved the H100's two
+  Qwen3-Next Q/K/V knobs within 2 points.
 * **Argsort**: llama.cpp's router argsort (`k_argsort_f32_i32`) is a one-block bitonic sort whose
   time follows its `s (s + 1) / 2` stages for `2^s` padded columns (5.5, 8.2 and 14.2 us at 32, 128
   and 512 experts on both GPUs), so its fit is charged per stage (`cost.bitonic_stages`); a fit that
@@ -548,14 +560,14 @@ calibration file):
 * **FLASH_ATTN_EXT**: llama.cpp splits each head's keys over `parallel_blocks` blocks
   (`cost.fattn_vec_parallel`) and each block walks its keys tile by tile, so the fit charges the keys
   a block walks (`serial_units`) beside the bytes. The long-context captures (llama-3.2-1b at 8k and
-  32k keys, llama-3.1-8b at 32k) fit within 1 % and make gpt-oss-20b's 32k cells -10.1 and -13.1 %
-  (were -18.0 and -18.9). One fit spans head sizes 64, 128 and 256, whose 512-key kernels it misses
+  32k keys, llama-3.1-8b at 32k) fit within 1 % and make gpt-oss-20b's 32k cells -9.0 and -12.2 %
+  (were -18.0 and -18.9 before session 35). One fit spans head sizes 64, 128 and 256, whose 512-key kernels it misses
   by up to 35 % (qwen3-next's, 13.2 us, predicted fast; gpt-oss-20b's 21 % fast).
 * **Host time at long context**: in the captures the traced `cudaGraphLaunch` grows with the context
   (llama-3.2-1b: 293, 324 and 606 us at 512, 8192 and 32768 rows; the token's other host calls do
   not), which the simulator does not model. CUPTI's node-level records inflate a traced graph launch,
-  so how much of it untraced llama.cpp pays is not measured; gpt-oss-20b's 32k cells are 208 and
-  348 us/token fast.
+  so how much of it untraced llama.cpp pays is not measured; gpt-oss-20b's 32k cells are 185 and
+  325 us/token fast.
 * **Eager cells** (`eager`, `no_graphs_pdl0`) carry the host's noise: qwen3-30b-a3b's eager cell differs
   by 23 % between the backend and llama-bench in the same lease (`llamacpp_peer_f16_h200_s19a.md`), so
   the knobs measured from eager (`CUDA graphs (PDL off)`, `stack: + graphs`) miss on the MoE models.

@@ -159,6 +159,24 @@ def test_kernel_geometry_follows_the_grids_a_file_was_fitted_on():
     assert load_calibration("h100").grids == "llamacpp"  # fitted 2026-11-27, before the executor's grids
 
 
+def test_add_id_takes_ggmls_grid():
+    """gpt-oss's expert bias (ADD_ID) runs add_id_kernel: a block per selected expert's row of
+    min(columns, 768) threads (ggml-cuda/add-id.cu), 4 blocks of 768 at one token, not the
+    element-wise kernels' 256-thread blocks over every element. Its 3072 lanes loop over the row,
+    so by Little's law it reaches about a quarter of the bandwidth share the 11520 lanes of an
+    element-wise grid would."""
+    from workbench.exec.cost import kernel_geometry, launch_geometry
+
+    node = _node("gpt-oss-20b", "ffn_moe_down_biased-0")
+    cal = load_calibration("h200")
+    assert launch_geometry(node, cal.sm_count) == (4, 768)
+    llamacpp = dataclasses.replace(cal, executor="llamacpp")
+    assert kernel_geometry(node, llamacpp) == (4, 768)
+    element_wise = dataclasses.replace(node, op="ADD")  # the same bytes over ggml's element-wise grid
+    assert launch_geometry(element_wise, cal.sm_count) == (45, 256)
+    assert kernel_cost(node, llamacpp).cap < 0.5 * kernel_cost(element_wise, llamacpp).cap
+
+
 def test_an_unknown_grids_value_is_refused():
     import json
 

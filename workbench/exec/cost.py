@@ -102,6 +102,8 @@ STAGED_OPS = ("RMS_NORM_MUL_MAT", "RMS_NORM_MUL_MAT_GLU", "QKV_ROPE_SET_ROWS")
 
 _ELEMENTWISE_BLOCK = 256   # CUDA_*_BLOCK_SIZE of ggml's element-wise, copy, rope and set_rows kernels
 _FATTN_KQ_STRIDE = 256     # ggml's FATTN_KQ_STRIDE: KV rows one flash-attention block handles per pass
+#: add_id_kernel's threads per block: min(columns, 768), whose lanes loop over the rest of the row
+ADD_ID_MAX_BLOCK = 768
 
 
 @dataclass(frozen=True)
@@ -191,6 +193,10 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         n_head, n_kv = q.shape[-2], k.shape[0]
         parallel = max(1, min(ceil(n_kv / _FATTN_KQ_STRIDE), ceil(2 * sm_count / n_head)))
         return n_head * parallel, 128
+    if op == "ADD_ID":  # add_id_kernel (ggml-cuda/add-id.cu): a block per selected expert's row
+        x = node.srcs[0]
+        ncols = x.shape[-1]
+        return max(1, x.numel // ncols), min(ncols, ADD_ID_MAX_BLOCK)
     if op == "GATED_DELTA_NET":
         h_v, _, d_v = node.srcs[5].shape
         return h_v * ceil(d_v / 32), 128                   # a warp per 32 state columns, per head

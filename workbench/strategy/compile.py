@@ -22,9 +22,11 @@ from .strategy import Strategy
 from .streams import assign_streams
 
 
-def compile_plan(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | None = None) -> Plan:
+def compile_plan(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | None = None, *,
+                 fork_keeps_branch: bool = True) -> Plan:
     """Compile ``graph`` (a model's decode step) under ``strategy`` for a device of compute
     capability ``device_cc`` (None: no device check, e.g. for the simulator's own GPU models).
+    ``fork_keeps_branch``: see ``streams.assign_streams`` (False: llama.cpp's Q/K/V fork).
 
     Raises StrategyError for an impossible combination (PDL below compute capability 9.0, an
     unknown kernel family in ``pdl_families``); emits UnsafeStrategyWarning for PDL wait
@@ -39,7 +41,8 @@ def compile_plan(graph: Graph, strategy: Strategy, device_cc: tuple[int, int] | 
         warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
 
     fused, removed = apply_fusions(graph, strategy.fusion)
-    schedule = assign_streams(fused.nodes, hazards(fused.nodes), strategy.streams, strategy.max_streams)
+    schedule = assign_streams(fused.nodes, hazards(fused.nodes), strategy.streams, strategy.max_streams,
+                              fork_keeps_branch)
     allocation = allocate(fused, schedule, strategy.allocator)
     notes = [str(w.message) for w in caught]
     if strategy.allocator == "serial-reuse" and schedule.n_streams > 1:

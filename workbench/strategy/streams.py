@@ -57,12 +57,15 @@ class StreamSchedule:
         return a == b or (a < b and self.clocks[b][self.streams[a]] >= a)
 
 
-def assign_streams(nodes: Sequence[Node], deps: list[list[int]], mode: str, max_streams: int) -> StreamSchedule:
-    """Stream per node for ``mode`` (single, qkv, auto), then the events that order it."""
+def assign_streams(nodes: Sequence[Node], deps: list[list[int]], mode: str, max_streams: int,
+                   fork_keeps_branch: bool = True) -> StreamSchedule:
+    """Stream per node for ``mode`` (single, qkv, auto), then the events that order it.
+    ``fork_keeps_branch`` (``qkv``): the first branch stays on the forking stream (the
+    workbench's schedule); False: every branch on a stream of its own (llama.cpp's)."""
     if mode == "single" or max_streams == 1 or not nodes:
         streams = [0] * len(nodes)
     elif mode == "qkv":
-        streams = _qkv_streams(nodes, deps)
+        streams = _qkv_streams(nodes, deps, 0 if fork_keeps_branch else 1)
     elif mode == "auto":
         streams = _auto_streams(deps, max_streams)
     else:  # Strategy validates the value; this guards direct callers
@@ -98,8 +101,13 @@ def _folded_qkv(i: int, readers: list[int], nodes: Sequence[Node]) -> bool:
     return len(folded) == QKV_FANOUT and len({nodes[j].srcs[-1] for j in folded}) == 1
 
 
-def _qkv_streams(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
-    """PR #16991: fork after the Q/K/V norm, one stream per branch, join at the attention."""
+def _qkv_streams(nodes: Sequence[Node], deps: list[list[int]], first: int = 0) -> list[int]:
+    """PR #16991: fork after the Q/K/V norm, one stream per branch, join at the attention.
+    The branches take streams ``first``, ``first + 1``, ...: from 0, the Q branch continues the
+    forking stream (so PDL still links the norm to the Q projection, the workbench's
+    schedule); from 1, each branch waits for the fork's event and the forking stream for every
+    branch's at the join, as llama.cpp's ``ggml_cuda_concurrent_event`` does (its
+    ``stream_mapping``: branch ``i`` on stream ``i + 1``), so neither edge is a PDL one."""
     streams = [0] * len(nodes)
     forks = fork_points(nodes, deps)
     for f, nxt in zip(forks, [*forks[1:], len(nodes)]):
@@ -116,7 +124,7 @@ def _qkv_streams(nodes: Sequence[Node], deps: list[list[int]]) -> list[int]:
                 branch[j] = n_branches
                 n_branches += 1
         for j, b in branch.items():
-            streams[j] = b if b < QKV_FANOUT else 0
+            streams[j] = b + first if b < QKV_FANOUT else 0
     return streams
 
 

@@ -23,6 +23,12 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
 * Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
   REPEAT and merged projections (``llamacpp_gdn``).
 
+Under GGML_CUDA_GRAPH_OPT its fork puts each Q/K/V branch on a stream of its own, the Q
+projection included, and the forking stream waits for all three at the join, so neither the
+norm -> Q nor the last branch kernel -> attention edge is a PDL one (the captures: Q on another
+stream than the norm and the attention); the workbench's own ``qkv`` keeps Q on the forking
+stream. On Qwen3-Next it runs one stream (``ONE_STREAM_UNDER_GRAPH_OPT``).
+
 Under PDL, the kernels llama.cpp launches with ``<<<...>>>`` instead of ``ggml_cuda_kernel_launch``
 run without the launch attribute (``launched_plainly``): they wait for their predecessor to end
 and let their successor start only when they end.
@@ -166,6 +172,11 @@ def clamp_expert_weight_sum(graph: Graph) -> Graph:
 #: under GGML_CUDA_GRAPH_OPT (``streams="qkv"`` under graphs): its reordering for the Q/K/V
 #: streams breaks the fusion's adjacency there (the qwen3-next captures; qwen3-30b's keep it)
 NORM_APART_UNDER_GRAPH_OPT = frozenset({"qwen3_next"})
+#: HF ``model_type``s whose Q/K/V branches llama.cpp reorders for its streams but still runs on
+#: one stream: ``ggml_cuda_concurrent_event::is_valid`` finds two branches writing overlapping
+#: bytes (ggml-alloc's reuse), and one invalid fork drops them all (the qwen3-next captures
+#: show one stream under GGML_CUDA_GRAPH_OPT; llama, qwen3-30b and gpt-oss show four)
+ONE_STREAM_UNDER_GRAPH_OPT = frozenset({"qwen3_next"})
 
 
 def split_norms_before_rope(graph: Graph) -> Graph:
@@ -287,7 +298,9 @@ def _plan(key: tuple, cfg: ModelConfig, strategy: Strategy, n_kv: int, device_cc
         graph = split_norms_before_rope(graph)
     if model_type(cfg) in GDN_MODELS:
         graph = gdn_as_llamacpp(graph, fused=bool(ran.fusion - {"copy-elim"}))
-    plan = compile_plan(graph, replace(ran, fusion=frozenset()), device_cc)
+    # llama.cpp's fork: every Q/K/V branch on a stream of its own (streams.assign_streams)
+    streams = "single" if model_type(cfg) in ONE_STREAM_UNDER_GRAPH_OPT else ran.streams
+    plan = compile_plan(graph, replace(ran, fusion=frozenset(), streams=streams), device_cc, fork_keeps_branch=False)
     launches = [replace(la, pdl=False, wait="start", trigger="none") if ran.pdl and launched_plainly(la.node, cfg)
                 else la for la in plan.launches]
     host = host_program(plan.graph, launches, ran, llamacpp_inputs(graph, cfg))
