@@ -25,8 +25,8 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
 
 Under GGML_CUDA_GRAPH_OPT its fork puts each Q/K/V branch on a stream of its own, the Q
 projection included, and the forking stream waits for all three at the join, so neither the
-norm -> Q nor the last branch kernel -> attention edge is a PDL one (the captures: Q on another
-stream than the norm and the attention); the workbench's own ``qkv`` keeps Q on the forking
+norm -> Q nor the last branch kernel -> attention edge is a PDL one (the captures: four streams,
+Q on another than the attention); the workbench's own ``qkv`` keeps Q on the forking
 stream. On Qwen3-Next it runs one stream (``ONE_STREAM_UNDER_GRAPH_OPT``).
 
 Under PDL, the kernels llama.cpp launches with ``<<<...>>>`` instead of ``ggml_cuda_kernel_launch``
