@@ -214,13 +214,14 @@ MMVF_MAX_BLOCK, MMVF_UNROLL = 256, 4
 MMVF_OPS = ("MUL_MAT", "MUL_MAT_ADD", "MUL_MAT_GLU", "MUL_MAT_ID_GLU")
 
 
-def mmvf_block(cols: int) -> int:
+def mmvf_block(cols: int, max_block: int = MMVF_MAX_BLOCK) -> int:
     """Threads per block of llama.cpp's ``mul_mat_vec_f`` for rows of ``cols`` float weights, as
     ``launch_mul_mat_vec_f_cuda`` picks them: the fewest iterations over the row's columns, two a
-    lane, from one warp to 256 threads (the first block size that reaches them)."""
+    lane, from one warp to ``max_block`` threads (the first block size that reaches them).
+    ``mul_mat_f_cuda`` picks its warps a block by the same rule (``mmf_ids_geometry``)."""
     warp = 32
     best, best_iter = warp, ceil(cols / (2 * warp))
-    for bs in range(2 * warp, MMVF_MAX_BLOCK + 1, warp):
+    for bs in range(2 * warp, max_block + 1, warp):
         it = ceil(cols / (2 * bs))
         if it < best_iter:
             best, best_iter = bs, it
@@ -343,21 +344,15 @@ def mmf_ids_geometry(node: Node) -> tuple[int, int] | None:
     """(blocks, threads per block) of llama.cpp's ``mul_mat_f`` for an unfused MUL_MAT_ID of float
     weights (ggml_cuda_mul_mat_id on NVIDIA, one token: mmvf serves only AMD there), else None.
     Its grid covers every expert, not the selected ones: ``rows / 32`` row blocks per expert,
-    ``nwarps`` warps a block as mul_mat_f_cuda picks them (the fewest iterations over a row's
-    columns, two per lane, at most 256 threads). A block of an expert no token chose finds that in
+    ``nwarps`` warps a block as mul_mat_f_cuda picks them (``mmvf_block``: the fewest iterations
+    over a row's columns, two per lane, at most 256 threads). A block of an expert no token chose finds that in
     the ids and exits, so the grid's size sets the kernel's time beside its bytes: 14.5 and 17.4 us
     for Qwen3-30B-A3B's gate and down (128 experts), 19.5 and 25.1 us for Qwen3-Next's (512) on an
     H200, fewer bytes (the captures in data/traces/llamacpp/h200_captures)."""
     if node.op != "MUL_MAT_ID" or quantized_weight(node) or len(node.srcs[0].shape) != 3:
         return None
     n_expert, rows, cols = node.srcs[0].shape
-    warp = 32
-    best_n, best_iter = 1, ceil(cols / (2 * warp))
-    for nw in range(2, MMF_MAX_BLOCK // warp + 1):
-        it = ceil(cols / (2 * warp * nw))
-        if it < best_iter:
-            best_n, best_iter = nw, it
-    return n_expert * max(1, rows // MMF_ROWS_PER_BLOCK), warp * best_n
+    return n_expert * max(1, rows // MMF_ROWS_PER_BLOCK), mmvf_block(cols, MMF_MAX_BLOCK)
 
 
 def serial_units(node: Node, cal: Calibration) -> int:
