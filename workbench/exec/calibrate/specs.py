@@ -57,9 +57,9 @@ class ModelSpec:
 #: that grows with the keys, data/bench/calibration_h200_s27.md session 29), a top-8 MoE (expert
 #: mat-vecs, routing) and Gated DeltaNet (three linear-attention layers and one full one); qwen3
 #: dense and gpt-oss are left out, the families the fidelity report holds out
-#: (benchmarks/sim_fidelity.py). Cut, not full-size: CUPTI's gap between a graph's kernels rises
-#: from 256 to 416 ns above ~2.9 GB read a token (untraced, unsettled), and a full-size calibration
-#: scores worse against the untraced matrix (data/bench/calibration_h200_s37_fullsize.md)
+#: (benchmarks/sim_fidelity.py). Cut, not full-size: above ~2.9 GB read a token CUPTI's gap between
+#: a graph's kernels rises from 256 to 416 ns, which untraced runs do not pay, and a full-size
+#: calibration scores worse (data/bench/calibration_h200_s37_fullsize.md)
 CALIBRATION_MODELS = (
     ModelSpec("llama-3.2-1b", 4, 512),
     ModelSpec("llama-3.1-8b", 2, 2048, 1800),
