@@ -60,7 +60,7 @@ def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fit
 CAPTURES = TRACES / "h200_captures"
 #: the H200 peer runs: llama-bench alone, 4-12 processes per cell in each of two leases of 2026-11-29
 #: (sessions 33 and 34), and the cells they lack (gpt-oss-20b at 24 layers and at 32k context) from v3
-PEER = ROOT / "data" / "bench" / "llamacpp_peer_v5_h200.jsonl"
+PEER = ROOT / "data" / "bench" / "llamacpp_peer_v6_h200.jsonl"
 #: the 2026-11-25 runs alone (two leases)
 PEER_V2 = ROOT / "data" / "bench" / "llamacpp_peer_v2_h200.jsonl"
 
@@ -370,6 +370,29 @@ def test_read_measured_prefers_the_backend_over_llama_bench(tmp_path):
         {"tool": "llamacpp", "model": "llama-3.2-1b", "config": "pdl0", "error": "boom"},
         {"tool": "llama-bench", "model": "qwen3-30b-a3b (8 layers)", "config": "pdl0", "us": [5000.0]})) + "\n")
     assert read_measured(p) == {("llama-3.2-1b", 16, "default"): 712.0, ("qwen3-30b-a3b", 8, "pdl0"): 5000.0}
+
+
+def test_a_model_shape_takes_the_tool_that_timed_it_in_more_processes(tmp_path):
+    """gpt-oss-20b at 24 layers: two backend processes a cell against llama-bench's 2 + 4 from a
+    later lease; the shape's cells all come from llama-bench, a cell only the backend timed keeps
+    the backend's, and a tie keeps the backend (the H100 file's one process of each)."""
+    from workbench.exec.calibrate.llamacpp_fit import measured_table
+
+    def rec(tool, model, config, us, rnd, session=5):
+        return {"tool": tool, "model": model, "config": config, "us": [us], "round": rnd, "session": session,
+                "date": "2026-11-29"}
+
+    big = "gpt-oss-20b (24 layers)"
+    rows = [rec("llamacpp", big, c, 4000.0 + i, r) for r in (0, 1) for i, c in enumerate(("default", "sync_implicit"))]
+    rows += [rec("llama-bench", big, "default", 3900.0, r, s) for s, rs in ((5, (0, 1)), (37, range(4))) for r in rs]
+    rows += [rec(tool, "llama-3.2-1b", "default", us, 0) for tool, us in (("llamacpp", 700.0), ("llama-bench", 690.0))]
+    p = tmp_path / "peer.jsonl"
+    p.write_text("\n".join(json.dumps(r) for r in rows) + "\n")
+    t = measured_table(p).set_index(["model", "config"])
+    assert t.loc[("gpt-oss-20b", "default"), "tool"] == "llama-bench"
+    assert t.loc[("gpt-oss-20b", "default"), "us_per_token"] == 3900.0
+    assert t.loc[("gpt-oss-20b", "sync_implicit"), "tool"] == "llamacpp"  # llama-bench never timed it
+    assert t.loc[("llama-3.2-1b", "default"), "tool"] == "llamacpp"  # a tie keeps the backend
 
 
 def test_plan_of_a_trace_matches_the_recorded_meta():

@@ -94,16 +94,21 @@ def model_key(model: str, layers: int | None = None) -> tuple[str, int]:
 
 
 def measured_table(path: Path) -> pd.DataFrame:
-    """Untraced llama.cpp us/token from ``llamacpp_peer.py --jsonl`` records, one row per
-    (preset, layers, config, context, start position, tokens): the median and min..max of every
-    repetition of the ``llamacpp`` tool's records (``llama-bench``'s where the backend has none),
-    and which tool it is. Context, start position and tokens are the records' (-1 where an older
-    record lacks them: the run's defaults). ``leases``: the machine leases the repetitions came
-    from (``<date>/<session>``, comma-joined): a knob effect between cells of different leases
-    carries their lease-to-lease drift. ``runs``: each process's median (a record: one llama.cpp
-    process, one ``--reps`` series) by ``<date>/<session>/<run>/<round>/<pair>``, so that a knob's effect
-    pairs two cells' processes of the same round (``decode_matrix.knob_effect``): one process of
-    llama.cpp differs from the next by 1-5 %, which pooled repetitions would put into the effect."""
+    """Untraced llama.cpp us/token from ``llamacpp_peer.py --jsonl`` records, one row per (preset,
+    layers, config, context, start position, tokens): the median and min..max of every
+    repetition of one tool's records, and which tool it is. All cells of a model shape (preset,
+    layers, window) take the tool that timed the shape in more processes (the ``llamacpp``
+    backend on a tie; a cell only the other tool timed keeps its records): the two disagree by
+    2-4 points on a knob (``data/bench/llamacpp_peer_f16_h200_s19a.md``), so a knob mixes them
+    only where a cell lacks the shape's tool, and more processes average more of llama.cpp's
+    process-to-process noise. Context, start position and tokens are the records' (-1 where an
+    older record lacks them: the run's defaults). ``leases``: the machine leases the repetitions
+    came from (``<date>/<session>``, comma-joined): a knob effect between cells of different
+    leases carries their lease-to-lease drift. ``runs``: each process's median (a record: one
+    llama.cpp process, one ``--reps`` series) by ``<date>/<session>/<run>/<round>/<pair>``, so
+    that a knob's effect pairs two cells' processes of the same round
+    (``decode_matrix.knob_effect``): one process of llama.cpp differs from the next by 1-5 %,
+    which pooled repetitions would put into the effect."""
     per: dict[tuple, list[float]] = {}
     leases: dict[tuple, set[str]] = {}
     runs: dict[tuple, dict[str, float]] = {}
@@ -122,10 +127,16 @@ def measured_table(path: Path) -> pd.DataFrame:
         if us:
             runs.setdefault(key, {})[f"{lease}/{r.get('run', '')}/{r.get('round', 0)}/{r.get('pair', 0)}"] = \
                 float(np.median(us))
+    processes: dict[tuple, dict[str, int]] = {}  # model shape -> tool -> processes over its cells
+    for (tool, model, layers, _config, *window), r in runs.items():
+        shape = processes.setdefault((model, layers, *window), {})
+        shape[tool] = shape.get(tool, 0) + len(r)
+    chosen = {shape: max(n, key=lambda t: (n[t], t == "llamacpp")) for shape, n in processes.items()}
     rows = {}
-    for key, us in sorted(per.items(), key=lambda kv: kv[0][0] != "llama-bench"):
+    # the shape's tool comes last and replaces the other's rows; a cell only the other timed keeps it
+    for key, us in sorted(per.items(), key=lambda kv: chosen.get((*kv[0][1:3], *kv[0][4:])) == kv[0][0]):
         tool, model, layers, config, *window = key
-        if us:  # llamacpp rows come last and replace llama-bench's
+        if us:
             rows[(model, layers, config, *window)] = {
                 "model": model, "layers": layers, "config": config, "context": window[0], "start_pos": window[1],
                 "tokens": window[2], "tool": tool, "us_per_token": float(np.median(us)), "us_min": float(np.min(us)),
