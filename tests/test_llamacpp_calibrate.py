@@ -703,3 +703,31 @@ def test_llamacpp_schedule_forks_qkv_as_its_captures_show():
             norm_s, q_s, fa_s = streams(ours)
             assert ours.n_streams == 3 and norm_s == q_s == fa_s, t.name
     assert seen == 8  # four models on each GPU
+
+
+def test_the_host_fills_llamacpps_attention_mask_every_token(fitted_1b):
+    """llama.cpp fills its KQ mask on the CPU before each step, a cell per cached KV row: the
+    captures at 512, 8192 and 32768 rows put the host's time before the first CUDA call on a line
+    of about 3 ns a mask byte, the fit keeps that slope, and the simulator charges it per token
+    (every other host cost alike, the 32k-row token is that much longer with it than without)."""
+    from dataclasses import replace
+
+    import workbench
+    from workbench.exec.calibrate.llamacpp_fit import first_call_us, mask_bytes, mask_fill_cost
+
+    one_b = sorted((t for t in read_traces(CAPTURES) if t.model == "llama-3.2-1b" and t.config_label == "graphs"),
+                   key=lambda t: t.context)
+    points = [(mask_bytes(t), first_call_us(t)) for t in one_b]
+    assert [b for b, _ in points] == [1024, 16384, 65536]  # f16 cells, the KV rows padded to 256
+    assert points[0][1] < points[1][1] < points[2][1]
+    slope, how = mask_fill_cost(one_b)
+    assert 1.0 < slope < 6.0 and "llama-3.2-1b" in how
+    assert fitted_1b["host_profiles"]["llama.cpp"]["mask_fill_ns_per_byte"] == pytest.approx(slope, rel=1e-3)
+    cal = parse_calibration(fitted_1b, "fit")
+    t = one_b[-1]
+    no_mask = replace(cal.host, mask_fill_ns_per_byte=0.0)
+    without = replace(cal, host=no_mask, host_profiles={**cal.host_profiles, cal.host_profile: no_mask})
+    us = [workbench.run(t.config(), t.strategy, tokens=9, backend="sim", start_pos=t.start_pos, calibration=c,
+                        quiet=True).stats["us_per_token"] for c in (cal, without)]
+    # 8 tokens measured from the first one's first CUDA call: 7 of their 8 fills fall inside
+    assert us[0] - us[1] == pytest.approx(slope * 65536 / 1e3 * 7 / 8, rel=0.02)

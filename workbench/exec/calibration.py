@@ -51,6 +51,10 @@ class HostCosts:
     #: GGML_CUDA_GRAPH_OPT reorders and forks the graph on the host every token, and its launch
     #: grows with the branches); optional (0 where a profile does not give it)
     graph_stream_ns: float = 0.0
+    #: host work per byte of attention mask a token copies: llama.cpp fills its KQ mask(s) on the
+    #: CPU before every step, a cell per cached KV row, so its host time grows with the context;
+    #: optional (0 where a profile does not give it)
+    mask_fill_ns_per_byte: float = 0.0
 
 
 @dataclass(frozen=True)
@@ -216,7 +220,7 @@ _DEVICE_FIELDS = [f.name for f in fields(Calibration)
                   if f.name not in ("gpu", "name", "host", "host_profile", "host_profiles", "sources", "families",
                                     "ops", "executor", "grids", *_OPTIONAL_DEVICE_FIELDS)]
 _HOST_FIELDS = [f.name for f in fields(HostCosts)]
-_OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns"}
+_OPTIONAL_HOST_FIELDS = {"token_overhead_ns", "graph_stream_ns", "mask_fill_ns_per_byte"}
 FAMILY_FIELDS = [f.name for f in fields(FamilyCost)]  # a fit's fields, the optional ones included
 _OPTIONAL_FAMILY_FIELDS = {"row_ns", "early_scale", "early_ns", "pdl_prologue_ns"}
 

@@ -40,6 +40,7 @@ import numpy as np
 import pandas as pd
 
 from ..models import ModelConfig
+from ..models.blocks import MASK_INPUT
 from ..strategy import HostOp, Launch, Plan, Strategy
 from ..strategy.steps import plans_for_steps
 from ..trace import API_ROW, Trace, stream_row
@@ -163,6 +164,9 @@ class _PlanInfo:
         self.node_codes = [rows.code(la.node.name) for la in plan.launches]
         self.row_codes = [rows.code(stream_row(la.stream)) for la in plan.launches]
         self.replay_exclusive = _replay_is_exclusive(plan.host_program)
+        #: bytes of attention mask the host fills and copies each token (``mask_fill_ns_per_byte``)
+        self.mask_bytes = sum(op.nbytes for op in plan.host_program
+                              if op.kind == "memcpy_h2d" and (op.tensor or "").startswith(MASK_INPUT))
 
 
 def _replay_is_exclusive(program: Sequence[HostOp]) -> bool:
@@ -265,7 +269,8 @@ class _Engine:
     def run_token(self, plan: Plan, token: int) -> None:
         """Issue one token's host program (capturing the graph first if it changed)."""
         h, pi = self.cal.host, self.info(plan)
-        self.host_t += h.token_overhead_ns  # host work outside CUDA calls (inputs, staging, logits)
+        # host work outside CUDA calls (inputs, staging, logits), and filling the attention mask(s)
+        self.host_t += h.token_overhead_ns + h.mask_fill_ns_per_byte * pi.mask_bytes
         for op in plan.host_program:
             t0 = self.host_t
             k = op.kind

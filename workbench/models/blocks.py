@@ -48,6 +48,11 @@ def linear(b: GraphBuilder, x: View, w: View, name: str, bias: View | None = Non
     return out
 
 
+#: the attention mask input of a step (a sliding-window model adds ``<MASK_INPUT>_swa``): the
+#: host fills it every token, a cell per cached KV row
+MASK_INPUT = "kq_mask"
+
+
 class StepInputs:
     """The host-side inputs of one decode step and the graph's views for them."""
 
@@ -55,7 +60,7 @@ class StepInputs:
         self.tokens = b.input("inp_tokens", (1,), "i32")
         self.pos = b.input("inp_pos", (1,), "i32")
         self.kv_idx = b.input("inp_kv_idx", (1,), "i64")
-        self.mask = b.input("kq_mask", (n_kv,), "f32")
+        self.mask = b.input(MASK_INPUT, (n_kv,), "f32")
         #: per layer: attends through the sliding-window mask (llama.cpp's ``kq_mask_swa``)
         self.sliding = sliding_layers(cfg.hf)
         #: rows of a sliding layer's cache, and how many of them a step at this n_kv reads
@@ -63,7 +68,7 @@ class StepInputs:
         self.n_kv_swa = min(self.swa_rows, n_kv)
         self.mask_swa = self.kv_idx_swa = None
         if any(self.sliding):
-            self.mask_swa = b.input("kq_mask_swa", (self.n_kv_swa,), "f32")
+            self.mask_swa = b.input(f"{MASK_INPUT}_swa", (self.n_kv_swa,), "f32")
             ring = self.swa_rows < cfg.context
             self.kv_idx_swa = b.input("inp_kv_idx_swa", (1,), "i64") if ring else self.kv_idx
             b.meta.update(sliding_window=sliding_window(cfg.hf), swa_rows=self.swa_rows)

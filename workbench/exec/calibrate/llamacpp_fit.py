@@ -50,12 +50,13 @@ import numpy as np
 import pandas as pd
 
 from ...graph.graph import Node
+from ...models.blocks import MASK_INPUT
 from ...strategy import Strategy
 from ..calibration import FAMILY_FIELDS, Calibration, CalibrationError, parse_calibration
 from ..cost import KERNEL_NAMES
 from .decode_matrix import knob_effect
 from .kernel_fit import MIN_OP_KERNELS, fit_groups, pdl_saving_ns, prologue_ceilings
-from .llamacpp_schedule import llamacpp_plan
+from .llamacpp_schedule import llamacpp_graph, llamacpp_inputs, llamacpp_plan
 from .llamacpp_traces import LlamaCppTrace, TraceFolderError, matched_kernels, read_traces
 from .tables import nan_median
 
@@ -444,6 +445,56 @@ def prelaunch_us(t: LlamaCppTrace) -> float:
     return nan_median(spans)
 
 
+def first_call_us(t: LlamaCppTrace) -> float:
+    """A token's host time before its first CUDA call (marker start to that call's start: what
+    llama_decode does first, its inputs' values among it), median over the trace's tokens."""
+    ev = t.trace.events
+    spans = []
+    for _, g in ev[ev["token"] >= 0].groupby("token"):
+        mk, calls = g[g["kind"] == "marker"], g[g["kind"].isin(["api", "sync"])]
+        if len(mk) and len(calls):
+            spans.append(float(calls["start_ns"].min() - mk["start_ns"].min()) / 1e3)
+    return nan_median(spans)
+
+
+def mask_bytes(t: LlamaCppTrace) -> int:
+    """Bytes of attention mask llama.cpp fills and copies per token in ``t``'s run (its split
+    inputs, ``llamacpp_inputs``: an f16 cell per cached KV row, per mask)."""
+    cfg = t.config()
+    return sum(n for name, n in llamacpp_inputs(llamacpp_graph(cfg, cfg.kv_len(t.start_pos)), cfg)
+               if name.startswith(MASK_INPUT))
+
+
+def mask_fill_cost(traces: Iterable[LlamaCppTrace]) -> tuple[float, str] | None:
+    """``mask_fill_ns_per_byte``: llama.cpp fills its KQ mask(s) on the CPU before every step
+    (``llm_graph_input_attn_kq_mask::set_input``: a cell per cached KV row), so the host time
+    before a token's first CUDA call grows with the context. Over captures of one model shape and
+    config at two or more mask sizes (the long-context captures beside the 512-row ones), the
+    least-squares slope of that time (``first_call_us``) against the mask's bytes, each group
+    about its own mean; None without such captures."""
+    groups: dict[tuple, list[tuple[int, float]]] = {}
+    for t in traces:
+        if t.strategy.graphs:
+            y = first_call_us(t)
+            if y == y:
+                groups.setdefault((t.model, t.layers, t.config_label), []).append((mask_bytes(t), y))
+    xs, ys, used = [], [], []
+    for key, pts in groups.items():
+        b = np.array(pts, float)
+        if len(np.unique(b[:, 0])) >= 2:
+            xs += list(b[:, 0] - b[:, 0].mean())
+            ys += list(b[:, 1] - b[:, 1].mean())
+            used.append(f"{key[0]} ({key[1]} layers, {key[2]}: {', '.join(f'{int(x)} B' for x in sorted(b[:, 0]))})")
+    if not used:
+        return None
+    x, y = np.array(xs), np.array(ys)
+    slope = max(0.0, float(x @ y / (x @ x))) * 1e3  # us per byte -> ns per byte
+    return slope, (f"least-squares slope of the host time before a token's first CUDA call (median over a capture's "
+                   f"tokens) against the bytes of f16 attention mask the token fills, over captures of one shape and "
+                   f"config at several contexts: {'; '.join(used)}: llama.cpp fills its KQ mask on the CPU every "
+                   "step, a cell per cached KV row")
+
+
 #: issue 17's bound on a knob effect (points): the host-cost grids fitted on knob effects take the
 #: value with the fewest effects off by more (``grid_score``)
 KNOB_BOUND_PP = 2.0
@@ -797,6 +848,10 @@ def fit(traces: list[LlamaCppTrace], base: dict[str, Any],
         prof[fld] = round(v, 1)
         src[f"host_profiles.{PROFILE}.{fld}"] = how
     prof["graph_launch_ns"], src[f"host_profiles.{PROFILE}.graph_launch_ns"] = untraced_graph_launch(base)
+    mask = mask_fill_cost([*traces, *kernel_traces])  # the long-context captures give the slope
+    if mask is not None:
+        prof["mask_fill_ns_per_byte"] = round(mask[0], 4)
+        src[f"host_profiles.{PROFILE}.mask_fill_ns_per_byte"] = mask[1]
     cal["host_profiles"] = {PROFILE: prof}
     cal["default_host_profile"] = PROFILE
     cal["executor"] = "llamacpp"
