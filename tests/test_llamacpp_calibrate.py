@@ -59,7 +59,8 @@ def test_offline_fit_on_the_committed_traces_loads_and_keys_llamacpp_kernels(fit
 
 CAPTURES = TRACES / "h200_captures"
 #: the H200 peer runs: llama-bench alone, 4-12 processes per cell in each of two leases of 2026-11-29
-#: (sessions 33 and 34), and the cells they lack (gpt-oss-20b at 24 layers and at 32k context) from v3
+#: (sessions 33 and 34), gpt-oss-20b's 8 step configs at 8 and 24 layers again in a third (session 37),
+#: and the cells they lack (gpt-oss-20b's other configs at 24 layers, its 32k context) from v3
 PEER = ROOT / "data" / "bench" / "llamacpp_peer_v6_h200.jsonl"
 #: the 2026-11-25 runs alone (two leases)
 PEER_V2 = ROOT / "data" / "bench" / "llamacpp_peer_v2_h200.jsonl"
