@@ -433,28 +433,33 @@ def device_gaps(traces: list[LlamaCppTrace]) -> dict[str, tuple[float, str]]:
     return out
 
 
-def prelaunch_us(t: LlamaCppTrace) -> float:
-    """A graph token's host time up to its graph launch's return (marker start to the end of
-    ``cudaGraphLaunch``), median over its tokens."""
+def marker_span_us(t: LlamaCppTrace, calls: Callable[[pd.DataFrame], pd.DataFrame],
+                   edge: Callable[[pd.DataFrame], float]) -> float:
+    """Median over ``t``'s tokens of the time from the token's marker to ``edge`` of its
+    ``calls`` (a token's events -> the calls that matter); tokens without either are skipped."""
     ev = t.trace.events
     spans = []
     for _, g in ev[ev["token"] >= 0].groupby("token"):
-        mk, gl = g[g["kind"] == "marker"], g[g["name"] == "cudaGraphLaunch"]
-        if len(mk) and len(gl):
-            spans.append(float(gl["end_ns"].max() - mk["start_ns"].min()) / 1e3)
+        mk, c = g[g["kind"] == "marker"], calls(g)
+        if len(mk) and len(c):
+            spans.append(float(edge(c) - mk["start_ns"].min()) / 1e3)
     return nan_median(spans)
+
+
+def _cuda_calls(g: pd.DataFrame) -> pd.DataFrame:
+    return g[g["kind"].isin(["api", "sync"])]
+
+
+def prelaunch_us(t: LlamaCppTrace) -> float:
+    """A graph token's host time up to its graph launch's return (marker start to the end of
+    ``cudaGraphLaunch``), median over its tokens."""
+    return marker_span_us(t, lambda g: g[g["name"] == "cudaGraphLaunch"], lambda c: c["end_ns"].max())
 
 
 def first_call_us(t: LlamaCppTrace) -> float:
     """A token's host time before its first CUDA call (marker start to that call's start: what
     llama_decode does first, its inputs' values among it), median over the trace's tokens."""
-    ev = t.trace.events
-    spans = []
-    for _, g in ev[ev["token"] >= 0].groupby("token"):
-        mk, calls = g[g["kind"] == "marker"], g[g["kind"].isin(["api", "sync"])]
-        if len(mk) and len(calls):
-            spans.append(float(calls["start_ns"].min() - mk["start_ns"].min()) / 1e3)
-    return nan_median(spans)
+    return marker_span_us(t, _cuda_calls, lambda c: c["start_ns"].min())
 
 
 def mask_bytes(t: LlamaCppTrace) -> int:
@@ -627,13 +632,7 @@ def token_span_us(t: LlamaCppTrace) -> float:
     """A traced token's time inside llama_decode, median over its tokens: its marker's start to
     the return of its last CUDA call (the marker outlasts it by the tracer's own work, and the
     run's us/token by CUPTI's buffer handling between tokens)."""
-    ev = t.trace.events
-    spans = []
-    for _, g in ev[ev["token"] >= 0].groupby("token"):
-        mk, calls = g[g["kind"] == "marker"], g[g["kind"].isin(["api", "sync"])]
-        if len(mk) and len(calls):
-            spans.append(float(calls["end_ns"].max() - mk["start_ns"].min()) / 1e3)
-    return nan_median(spans)
+    return marker_span_us(t, _cuda_calls, lambda c: c["end_ns"].max())
 
 
 def simulated_us(t: LlamaCppTrace, cal: Calibration, strategy: Strategy | None = None) -> tuple[float, float]:
