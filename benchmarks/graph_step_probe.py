@@ -81,23 +81,17 @@ def _graph(cp: Any, stream: Any, n: int, launch: Any) -> Any:
 
 
 def untraced(cp: Any, reps: int) -> list[dict[str, Any]]:
-    """Per-kernel step of each chain's graph replay, CUDA events, median of ``reps``."""
+    """Per-kernel step of each chain's graph replay (``kernels.graph_replay_samples``: CUDA
+    events, 3 warm-up replays), median of ``reps``."""
+    from workbench.exec.kernels import graph_replay_samples
+
     s = cp.cuda.Stream(non_blocking=True)
-    e0, e1 = cp.cuda.Event(), cp.cuda.Event()
     rows = []
     for name, launch in _chains(cp).items():
         for n in NODES:
-            g = _graph(cp, s, n, launch)
-            for _ in range(3):
-                g.launch(s)
-            s.synchronize()
-            us = []
-            for _ in range(reps):
-                e0.record(s)
-                g.launch(s)
-                e1.record(s)
-                e1.synchronize()
-                us.append(cp.cuda.get_elapsed_time(e0, e1) * 1e3)
+            nxt = iter(range(n)).__next__  # the capture launches kernels 0..n-1 of the chain
+            with s:
+                us = np.asarray(graph_replay_samples(cp, s, lambda f=launch, i=nxt: f(i()), n, reps + 3, 3)) * n * 1e6
             rows.append({"mode": "untraced", "kernel": name, "nodes": n, "replay_us": float(np.median(us)),
                          "replay_us_min": float(np.min(us)), "step_ns": float(np.median(us)) * 1e3 / n})
             print(rows[-1], flush=True)
