@@ -555,7 +555,11 @@ calibration file):
   simulated 143.9 -> 137.6). In the fused `graph_opt` capture most kernels after the join start
   0.3-0.4 us later after their predecessor's start than in `default` (their early PDL launch comes
   later), about 3.5 us a layer that the simulator does not model; llama-3.1-8b's captures show no
-  such shift, and why gpt-oss-20b's do is open.
+  such shift, and why gpt-oss-20b's do is open. The shift sits on the kernels llama.cpp launches
+  plainly (`launched_plainly`: argsort, soft_max, `mul_mat_f`, add_id, swiglu_oai): after the join
+  they start 0.29-0.45 us after their predecessor's end, against 0.00-0.13 in `default`, while
+  qwen3-30b-a3b's plainly launched MoE kernels start 0.10 us after theirs in both (medians over
+  layers 1-6 of tokens 1-3).
 * **Argsort**: llama.cpp's router argsort (`k_argsort_f32_i32`) is a one-block bitonic sort whose
   time follows its `s (s + 1) / 2` stages for `2^s` padded columns (5.5, 8.2 and 14.2 us at 32, 128
   and 512 experts on both GPUs), so its fit is charged per stage (`cost.bitonic_stages`); a fit that
@@ -569,11 +573,20 @@ calibration file):
   -3.1 % at 24).
 * **FLASH_ATTN_EXT**: llama.cpp splits each head's keys over `parallel_blocks` blocks
   (`cost.fattn_vec_parallel`) and each block walks its keys tile by tile, so the fit charges the keys
-  a block walks (`serial_units`) beside the bytes. The long-context captures (llama-3.2-1b at 8k and
+  a block walks (`serial_units`) beside the bytes. The split's partials are merged by a second kernel
+  (`flash_attn_combine_results`; the stream-k fixup after qwen3-next's mma kernel), which every
+  attention of every capture runs: since session 38 the schedule launches it as a node of its own
+  (`llamacpp_schedule.attention_passes`), where before its time was folded into the attention's and
+  its launch and gap were missing. Its time follows the partial values a block merges
+  (`cost.fattn_combine_values`: splits x head size; 1.6 us at 512 keys, 1.8-2.1 at 32k), fitted on
+  its own (H200: 1157 ns + 0.37 ns a value). Launched one by one that is a host launch and an eager
+  gap more per layer: llama-3.1-8b's `CUDA graphs (PDL off)` went from 2.2 to 1.5 points off, and
+  llama-3.2-1b's host-bound eager cell rose by 60 us (+2.0 to +5.1 % against v6's processes).
+  The long-context captures (llama-3.2-1b at 8k and
   32k keys, llama-3.1-8b at 32k) fit within 1 % and took gpt-oss-20b's 32k cells from -18.0 and
   -18.9 % to -9.0 and -12.2 % (session 35; the host's mask, below, takes them further). One fit
   spans head sizes 64, 128 and 256, whose 512-key kernels it misses
-  by up to 35 % (qwen3-next's, 13.2 us, predicted fast; gpt-oss-20b's 21 % fast).
+  by up to 38 % (qwen3-next's, 13.2 us, predicted fast; gpt-oss-20b's 21 % fast).
 * **Host time at long context**: llama.cpp fills its KQ mask(s) on the CPU before every step, a cell
   per cached KV row, so a token's host time before its first CUDA call grows with the context
   (llama-3.2-1b: 53, 93 and 243 us at 512, 8192 and 32768 rows). The fit prices it per byte of f16
@@ -601,7 +614,10 @@ calibration file):
   v6 (`llamacpp_peer_v6_h200.jsonl`) adds session 37's rounds of the same 8 configs of gpt-oss-20b at
   8 and 24 layers. At 24 layers they outnumber v3's two backend processes a cell, so that shape's
   cells are llama-bench's (`llamacpp_fit.measured_table`: a model shape takes the tool that timed it
-  in more processes, the backend on a tie, as on the H100).
+  in more processes, the backend on a tie, as on the H100). v7 (`llamacpp_peer_v7_h200.jsonl`) adds
+  session 38's rounds (`llamacpp_bench_rounds_h200_s38.jsonl`, 8-10 processes a cell): qwen3-next's
+  `no_graphs` and `no_graphs_pdl0`, whose `no_graphs` cell had 4 processes spanning 1428-1965 us,
+  and the `eager` / `graphs` pairs of llama-3.2-1b and qwen3-30b-a3b (`stack: + graphs`).
 * **Cross-lease effects** (`same_lease` False, counted in the verdict): the two cells were measured on
   different machine leases, so the effect carries the two leases' drift as well as the knob.
 """

@@ -154,7 +154,24 @@ def quantized_weight(node: Node) -> bool:
     return node.op in QUANTIZED_KERNEL_NAMES and is_quantized(node.srcs[0].dtype)
 
 
+#: ``params["pass"]`` of a FLASH_ATTN_EXT node that is llama.cpp's second pass of a decode
+#: attention, not the attention itself: ``launch_fattn`` splits each head's keys over several
+#: blocks and launches ``flash_attn_combine_results`` (``flash_attn_stream_k_fixup_*`` after the
+#: mma kernel) to merge their partial results, a kernel of its own on the timeline. Only the
+#: llama.cpp schedule has such nodes (``llamacpp_schedule.attention_passes``)
+ATTN_COMBINE_PASS = "combine"
+#: the name the simulator and the fit give the second pass's kernel
+ATTN_COMBINE_KERNEL = "flash_attn_combine_results"
+
+
+def is_attn_combine(node: Node) -> bool:
+    """``node`` is llama.cpp's merge pass of a split decode attention (``ATTN_COMBINE_PASS``)."""
+    return node.op == "FLASH_ATTN_EXT" and node.params.get("pass") == ATTN_COMBINE_PASS
+
+
 def kernel_name(node: Node) -> str:
+    if is_attn_combine(node):
+        return ATTN_COMBINE_KERNEL
     if quantized_weight(node):
         return QUANTIZED_KERNEL_NAMES[node.op]
     return KERNEL_NAMES.get(node.op) or WORKBENCH_ONLY_KERNELS.get(node.op, node.op.lower())
@@ -188,6 +205,10 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         x = node.srcs[0]                                   # the rotated rows (a cache is the fused dst)
         ne0 = x.shape[-1]
         return max(1, x.numel // ne0) * ceil(ne0 / (2 * _ELEMENTWISE_BLOCK)), _ELEMENTWISE_BLOCK
+    if is_attn_combine(node):  # flash_attn_combine_results: a block per head and query, a thread per lane of D
+        n_head_hd = node.dst.numel
+        hd = int(node.params["head_dim"])
+        return max(1, n_head_hd // hd), hd
     if op == "FLASH_ATTN_EXT":  # the cuda-executor files' approximation; llama.cpp's: fattn_vec_geometry
         q, k = node.srcs[0], node.srcs[1]
         n_head, n_kv = q.shape[-2], k.shape[0]
@@ -257,6 +278,18 @@ def bytes_in_flight(node: Node, cal: Calibration, blocks: int, threads: int) -> 
     return min(cal.bytes_in_flight_per_thread, node.bytes / (blocks * threads * rounds))
 
 
+def fattn_combine_values(node: Node, sm_count: int) -> int:
+    """The partial values one block of llama.cpp's merge pass (``is_attn_combine``) reads: the
+    attention's ``parallel_blocks`` splits (``fattn_vec_parallel``) of ``head_dim`` values. A block
+    merges one head, the heads' blocks run side by side, so this, not the bytes of all heads, sets
+    its time: 1.60 and 1.57 us at llama-3.2-1b's 8 x 64 and llama-3.1-8b's 4 x 128 values (512 keys),
+    1.83 and 2.05 us at their 16 x 64 and 12 x 128 (32768 keys), H200 CUDA-graph captures less CUPTI's
+    154 ns (data/traces/llamacpp/h200_captures)."""
+    p = node.params
+    hd = int(p["head_dim"])
+    return fattn_vec_parallel(int(p["heads"]), int(p["keys"]), hd, sm_count) * hd
+
+
 #: llama.cpp's decode attention (``flash_attn_ext_vec``, one query column): 128 threads a block, and
 #: the blocks an SM holds by head size, from its registers in the sm_90 build (cuobjdump
 #: -res-usage: 125, 168 and 202 a thread at D = 64, 128 and 256, of 65536 an SM)
@@ -264,11 +297,16 @@ FATTN_VEC_THREADS = 128
 FATTN_VEC_BLOCKS_PER_SM = {64: 4, 128: 3, 256: 2}
 
 
+def fattn_vec_blocks_per_sm(head_dim: int) -> int:
+    """The ``flash_attn_ext_vec`` blocks of head size ``head_dim`` an SM holds (``FATTN_VEC_BLOCKS_PER_SM``)."""
+    return FATTN_VEC_BLOCKS_PER_SM.get(head_dim, 4 if head_dim <= 64 else 3 if head_dim <= 128 else 2)
+
+
 def fattn_vec_parallel(n_head: int, n_kv: int, head_dim: int, sm_count: int) -> int:
     """The blocks llama.cpp splits each query head's keys over (``launch_fattn``'s
     ``parallel_blocks``): the blocks an SM holds, at most one per tile of ``head_dim`` keys, then
     raised while that fills the last wave better, until a wave is 95 % full."""
-    per_sm = FATTN_VEC_BLOCKS_PER_SM.get(head_dim, 4 if head_dim <= 64 else 3 if head_dim <= 128 else 2)
+    per_sm = fattn_vec_blocks_per_sm(head_dim)
     tiles = max(1, ceil(n_kv / head_dim))
     per_wave = sm_count * per_sm
     best = par = min(per_sm, tiles)
@@ -360,10 +398,13 @@ def serial_units(node: Node, cal: Calibration) -> int:
     tail, ``mat_vec_rows``), a router's top-k selection's serial steps on the cuda executor
     (``top_k_steps``), llama.cpp's argsort's sort stages (``bitonic_stages``) and its expert
     mat-mul's waves of blocks over the SMs (``mmf_ids_geometry``: most find their expert unused
-    and exit, one wave after another) and the keys each block of its decode attention walks
-    (``fattn_vec_geometry``); 0 for any other kernel."""
+    and exit, one wave after another), the keys each block of its decode attention walks
+    (``fattn_vec_geometry``) and the partial values a block of its merge pass reads
+    (``fattn_combine_values``); 0 for any other kernel."""
     if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
         return ceil(mmf[0] / cal.sm_count)
+    if cal.executor == "llamacpp" and is_attn_combine(node):
+        return fattn_combine_values(node, cal.sm_count)
     if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT":
         return fattn_vec_geometry(node, cal.sm_count)[2]
     if node.op in MAT_VEC_OPS:
@@ -418,7 +459,7 @@ def kernel_geometry(node: Node, cal: Calibration) -> tuple[int, int]:
             return int(prod(call.grid)), int(prod(call.block))
     if cal.executor == "llamacpp" and (mmf := mmf_ids_geometry(node)) is not None:
         return mmf
-    if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT":
+    if cal.executor == "llamacpp" and node.op == "FLASH_ATTN_EXT" and not is_attn_combine(node):
         return fattn_vec_geometry(node, cal.sm_count)[:2]
     return launch_geometry(node, cal.sm_count)
 

@@ -139,6 +139,8 @@ def _qkv_bytes(n: Node) -> float:
 
 
 def _attn_flops(n: Node) -> float:
+    if len(n.srcs) == 1:  # llama.cpp's merge pass of a split attention (cost.ATTN_COMBINE_PASS)
+        return 4.0 * n.srcs[0].numel  # rescale each split's partial row by its max and sum, and add
     q, k = n.srcs[0], n.srcs[1]
     n_head, hd = q.shape[-2], q.shape[-1]
     return 4.0 * n_head * hd * k.shape[0]

@@ -21,7 +21,9 @@ schedule only (the workbench's own graphs and fusion passes are untouched):
 * under GGML_CUDA_GRAPH_OPT, Qwen3-Next's Q/K norms stay RMS_NORM and MUL, apart from the rope
   (rms-norm-mul-rope undone, then ``split_norms_before_rope``);
 * Qwen3-Next's GDN and gated-attention layers run llama.cpp's state GET_ROWS, CONCAT / CPY /
-  REPEAT and merged projections (``llamacpp_gdn``).
+  REPEAT and merged projections (``llamacpp_gdn``);
+* every decode attention is two kernels: the attention over its split keys, then the pass that
+  merges the splits (``attention_passes``).
 
 Under GGML_CUDA_GRAPH_OPT its fork puts each Q/K/V branch on a stream of its own, the Q
 projection included, and the forking stream waits for all three at the join, so neither the
@@ -53,7 +55,7 @@ from ...strategy.fusion import PASSES
 from ...strategy.host import host_program
 from ...strategy.rewrite import output_buffers, sole_reader, with_nodes
 from ...strategy.steps import config_key
-from ..cost import quantized_weight
+from ..cost import ATTN_COMBINE_PASS, fattn_vec_blocks_per_sm, quantized_weight
 from .llamacpp_gdn import GDN_MODELS, STATE_IDS, gdn_as_llamacpp
 
 #: fused ops llama.cpp never forms (ggml_cuda_can_fuse has no MoE gate/up + GLU mat-vec)
@@ -115,6 +117,37 @@ def select_output_rows(graph: Graph, cfg: ModelConfig) -> Graph:
     rest = [replace(n, srcs=tuple(out if s == src else s for s in n.srcs)) for n in nodes[i + 1:]]
     g = with_nodes(graph, [*nodes[:i + 1], sel, *rest])
     return replace(g, consts={**graph.consts, "inp_out_ids": ids})
+
+
+def attention_passes(graph: Graph) -> Graph:
+    """``graph`` with each FLASH_ATTN_EXT as the two kernels llama.cpp launches for one token
+    (``launch_fattn``): the attention, whose blocks each walk a split of a head's keys and write a
+    partial result (``parallel_blocks`` > 1 whenever the keys span more than one tile of
+    ``head_dim``: a block an SM already splits them), then the pass that merges the partials into
+    the node's result (``cost.ATTN_COMBINE_PASS``: ``flash_attn_combine_results``, or the stream-k
+    fixup after the mma kernel). Every attention of every capture at 512-32768 keys runs both
+    (data/traces/llamacpp/). The partials are sized at the fewest splits llama.cpp makes (the
+    blocks an SM holds, at most a split per tile; it raises them to fill the last wave of the
+    GPU's SMs, which the schedule does not know): the merge reads a few KiB, and its time follows
+    the splits it walks (``cost.fattn_combine_values``, the fit's per-unit term)."""
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        if n.op != "FLASH_ATTN_EXT":
+            nodes.append(n)
+            continue
+        q, k = n.srcs[0], n.srcs[1]
+        hd, n_kv = q.shape[-1], k.shape[0]
+        tiles = -(-n_kv // hd)
+        if tiles < 2:
+            nodes.append(n)
+            continue
+        splits = min(tiles, fattn_vec_blocks_per_sm(hd))
+        shape = (splits, n.dst.numel)
+        part = View.of(Buffer(f"{n.name}_splits", nbytes_of(shape, "f32"), "act"), shape, "f32")
+        nodes += [replace(n, outs=(part, *n.outs[1:])),
+                  Node(f"{n.name}_combine", "FLASH_ATTN_EXT", (part,), (n.dst,),
+                       {"pass": ATTN_COMBINE_PASS, "head_dim": hd, "heads": q.shape[-2], "keys": n_kv})]
+    return with_nodes(graph, nodes)
 
 
 #: our MoE builders' SUM_ROWS over the weighted expert outputs (``ffn_moe_out-<layer>``)
@@ -281,8 +314,9 @@ def llamacpp_inputs(graph: Graph, cfg: ModelConfig) -> list[tuple[str, int]]:
 
 
 def llamacpp_graph(cfg: ModelConfig, n_kv: int) -> Graph:
-    """The workbench graph of one step with llama.cpp's extra kernels (``select_output_rows``)."""
-    return select_output_rows(build_graph(cfg, n_kv), cfg)
+    """The workbench graph of one step with llama.cpp's extra kernels (``select_output_rows``,
+    ``attention_passes``)."""
+    return attention_passes(select_output_rows(build_graph(cfg, n_kv), cfg))
 
 
 @lru_cache(maxsize=64)

@@ -8,7 +8,7 @@ schedule (``llamacpp_plan``) per token and per kernel family, in launch order: w
 has as many kernels of a family as the Plan has nodes, the i-th kernel is the i-th node; where
 not (llama.cpp runs a kernel the workbench graph has not, e.g. the ``inp_out_ids`` row
 selection), the family is left unmatched in that token and its kernel time reported.
-Helper kernels (flash attention's combine pass) belong to the kernel before them.
+A split attention's merge pass (``flash_attn_combine_results``) is a node of its own there.
 """
 
 from __future__ import annotations
@@ -29,9 +29,6 @@ from .llamacpp_schedule import llamacpp_plan
 
 #: trace file suffixes read from a folder
 TRACE_SUFFIXES = (".parquet", ".json.gz", ".json")
-#: kernels that finish the node of the kernel launched before them (a second pass of one ggml op)
-HELPER_KERNELS = frozenset({"flash_attn_combine_results", "flash_attn_stream_k_fixup_general",
-                            "flash_attn_stream_k_fixup_uniform"})
 
 
 class TraceFolderError(ValueError):
@@ -117,32 +114,18 @@ def read_traces(folder: Path) -> list[LlamaCppTrace]:
 
 
 def _kernel_groups(k: pd.DataFrame) -> pd.DataFrame:
-    """One row per node-sized kernel group of one token: helpers merged into the kernel before
-    them on their stream; ``exposed_ns``: what the group's kernels add to the stream's timeline,
-    each kernel from the later of its start and the previous kernel's end to its own end (a PDL
-    kernel's early start waiting on its predecessor does not count, nor, launched one by one,
-    the host's launch gap between a kernel and its helper: that is the host's time, not the
-    node's)."""
-    from ...trace.cupti_names import kernel_base_name
-
+    """One row per kernel of one token, in start order; ``exposed_ns``: what the kernel adds to
+    its stream's timeline, from the later of its start and the previous kernel's end on the
+    stream to its own end (a PDL kernel's early start waiting on its predecessor does not count).
+    Each kernel is a node of llama.cpp's Plan, the second pass of a split attention included
+    (``llamacpp_schedule.attention_passes``)."""
     rows = []
     for stream, g in k.sort_values("start_ns").groupby("stream", sort=False):
         prev_end = -np.inf
-        cur: dict | None = None
         for r in g.itertuples():
-            exposed = r.end_ns - max(r.start_ns, prev_end)
-            if cur is not None and kernel_base_name(r.name) in HELPER_KERNELS:
-                cur["end_ns"] = max(cur["end_ns"], r.end_ns)
-                cur["exposed_ns"] += max(0, exposed)
-                prev_end = max(prev_end, r.end_ns)
-                continue
-            if cur is not None:
-                rows.append(cur)
-            cur = {"stream": stream, "op": r.op, "family": r.family, "start_ns": r.start_ns, "end_ns": r.end_ns,
-                   "exposed_ns": exposed}
+            rows.append({"stream": stream, "op": r.op, "family": r.family, "start_ns": r.start_ns, "end_ns": r.end_ns,
+                         "exposed_ns": r.end_ns - max(r.start_ns, prev_end)})
             prev_end = max(prev_end, r.end_ns)
-        if cur is not None:
-            rows.append(cur)
     df = pd.DataFrame(rows, columns=["stream", "op", "family", "start_ns", "end_ns", "exposed_ns"])
     return df.sort_values("start_ns").reset_index(drop=True)
 
@@ -189,7 +172,7 @@ def matched_kernels(t: LlamaCppTrace, cal: Calibration) -> tuple[pd.DataFrame, p
 
 
 def kernel_counts(t: LlamaCppTrace, token: int = 1) -> pd.DataFrame:
-    """Kernels per family in one token: the capture's (helpers merged into their kernel, the
+    """Kernels per family in one token: the capture's (each kernel, by the
     ggml ops llama.cpp named them by) beside the Plan of llama.cpp's schedule the simulator runs
     (its ops, by the ggml op a stand-in node names). Where the counts differ, llama.cpp's fusion
     set or graph differs from the workbench's for that family (and the fit leaves the family
