@@ -58,8 +58,9 @@ class ModelSpec:
 #: mat-vecs, routing) and Gated DeltaNet (three linear-attention layers and one full one); qwen3
 #: dense and gpt-oss are left out, the families the fidelity report holds out
 #: (benchmarks/sim_fidelity.py). Cut, not full-size: above ~2.9 GB read a token CUPTI's gap between
-#: a graph's kernels rises from 256 to 416 ns, which untraced runs do not pay, and a full-size
-#: calibration scores worse (data/bench/calibration_h200_s37_fullsize.md)
+#: a graph's kernels rises from 256 to 416 ns, which untraced runs do not pay as such (their layer
+#: grows 3-12 % with depth, gradually, and the cut models' fit lands near the deep end), and a
+#: full-size calibration scores worse (data/bench/calibration_h200_s37_fullsize.md, sections 4-5)
 CALIBRATION_MODELS = (
     ModelSpec("llama-3.2-1b", 4, 512),
     ModelSpec("llama-3.1-8b", 2, 2048, 1800),
