@@ -195,6 +195,20 @@ def test_calibration_choice_changes_host_profiles_and_device(p):
     assert "h200 calibration" in e.run.device and "llama.cpp" in e.run.device
 
 
+def test_simulating_llamacpps_schedule_has_no_race_verdict(p):
+    """Under a llama.cpp calibration the simulator runs llama.cpp's schedule (its graph, fusions and
+    input copies), which the race checker does not prove: the run is shown with no verdict, as a run
+    of llama.cpp itself, instead of failing on the inputs only llama.cpp copies."""
+    p.gpu.value = "h200-llamacpp"
+    e = p.run()
+    assert e is not None, p.last_error
+    assert e.llamacpp_schedule and e.races is None and e.us_per_token > 0
+    assert "llama.cpp schedules its own graph" in p.summary.value
+    p.gpu.value = "h200"
+    e = p.run()
+    assert not e.llamacpp_schedule and e.races is not None and e.races.race_free
+
+
 def test_a_knob_change_does_not_block_while_a_run_is_slow(tmp_path, monkeypatch):
     import threading
     import time

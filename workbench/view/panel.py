@@ -363,7 +363,7 @@ class ControlPanel:
             return
         s = e.run.stats
         sp = self.speedup(e)
-        verdict = _verdict(e.races, e.backend)
+        verdict = _verdict(e.races, e.llamacpp_schedule)
         self.summary.value = (
             f"<div style='font-size:14px'><b>{html.escape(e.label)}</b> · {s['us_per_token']:,.1f} µs/token · "
             f"{s['tokens_per_s']:,.1f} tokens/s · <b>{sp:.3f}x</b> vs baseline "
@@ -373,7 +373,7 @@ class ControlPanel:
                "launches/token": "{:,.1f}", "syncs/token": "{:,.1f}", "GPU busy": "{:.1%}",
                "memory MiB": "{:,.1f}", "speedup": "{:.3f}x"}
         self.stats_html.value = table.style.format(fmt, na_rep="-").hide(axis="index").to_html()
-        self.races_html.value = _race_html(e.races, e.backend)
+        self.races_html.value = _race_html(e.races, e.llamacpp_schedule)
         self._quiet += 1
         try:
             self.history_select.options = [(x.label + f" · {x.us_per_token:,.1f} µs/token", x.n)
@@ -521,22 +521,23 @@ def run_session(session: LabSession, settings: RunSettings, strategy: Strategy, 
     return session.run(settings, strategy, race_check=race_check, progress=progress, config=cfg)
 
 
-#: why a llama.cpp run has no race verdict
+#: why a run of llama.cpp's schedule (llama.cpp itself, or simulated under a llama.cpp calibration)
+#: has no race verdict
 OWN_GRAPH = "race check n/a: llama.cpp schedules its own graph (the checker proves the workbench's Plans)"
 
 
-def _verdict(report: RaceReport | None, backend: str = "") -> str:
+def _verdict(report: RaceReport | None, llamacpp_schedule: bool = False) -> str:
     if report is None:
-        return OWN_GRAPH if backend == "llamacpp" else "race check off"
+        return OWN_GRAPH if llamacpp_schedule else "race check off"
     if report.race_free:
         return f"<span style='color:#1a7f37'>race-free</span> ({report.checked_pairs:,} conflicting pairs ordered)"
     causes = ", ".join(f"{c} {n}" for c, n in sorted(report.by_cause().items()))
     return f"<span style='color:#b00020'><b>{len(report.races)} race(s)</b></span> ({html.escape(causes)})"
 
 
-def _race_html(report: RaceReport | None, backend: str = "") -> str:
+def _race_html(report: RaceReport | None, llamacpp_schedule: bool = False) -> str:
     if report is None:
-        return f"<p>{OWN_GRAPH if backend == 'llamacpp' else 'race check is off for this run'}</p>"
+        return f"<p>{OWN_GRAPH if llamacpp_schedule else 'race check is off for this run'}</p>"
     return f"<p>{_verdict(report)}</p><pre style='font-size:11px'>{html.escape(report.text(limit=10))}</pre>"
 
 

@@ -61,6 +61,14 @@ class Entry:
     settings: dict[str, Any] = field(default_factory=dict)
 
     @property
+    def llamacpp_schedule(self) -> bool:
+        """The run is llama.cpp's schedule, not a workbench Plan: run by llama.cpp itself, or
+        simulated under a llama.cpp calibration (``<gpu>-llamacpp``), whose Plan is llama.cpp's
+        graph, fusions and input copies (``llamacpp_schedule``). The race checker proves the
+        workbench's Plans, so it has no verdict on such a run."""
+        return runs_llamacpp_schedule(self.backend, self.run)
+
+    @property
     def label(self) -> str:
         where = f"{self.gpu}/{self.settings.get('host')}" if self.backend == "sim" else self.backend
         return f"#{self.n} {self.model} {self.strategy.label()} @{where}"
@@ -68,6 +76,13 @@ class Entry:
     @property
     def us_per_token(self) -> float:
         return float(self.run.stats.get("us_per_token", float("nan")))
+
+
+def runs_llamacpp_schedule(backend: str, run: Run) -> bool:
+    """``Entry.llamacpp_schedule`` of a run of ``backend``."""
+    cal = run.meta.get("calibration")
+    return bool(getattr(get_backend(backend), "schedules_own_graph", False)
+                or getattr(cal, "executor", "") == "llamacpp")
 
 
 class LabSession:
@@ -93,7 +108,7 @@ class LabSession:
                           seed=settings.seed, trace=getattr(backend, "can_trace", lambda: True)(),
                           progress=progress, quiet=True, **settings.backend_options())
         races = None
-        if race_check and r.plan is not None and not getattr(backend, "schedules_own_graph", False):
+        if race_check and r.plan is not None and not runs_llamacpp_schedule(settings.backend, r):
             if progress is not None:
                 progress("race check", 0, 1)
             races = verify(r.plan, tokens=2)
