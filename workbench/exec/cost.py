@@ -205,10 +205,9 @@ def launch_geometry(node: Node, sm_count: int) -> tuple[int, int]:
         x = node.srcs[0]                                   # the rotated rows (a cache is the fused dst)
         ne0 = x.shape[-1]
         return max(1, x.numel // ne0) * ceil(ne0 / (2 * _ELEMENTWISE_BLOCK)), _ELEMENTWISE_BLOCK
-    if is_attn_combine(node):  # flash_attn_combine_results: a block per head and query, a thread per lane of D
-        n_head_hd = node.dst.numel
+    if is_attn_combine(node):  # flash_attn_combine_results: a block per head, a thread per value of it
         hd = int(node.params["head_dim"])
-        return max(1, n_head_hd // hd), hd
+        return max(1, node.dst.numel // hd), hd
     if op == "FLASH_ATTN_EXT":  # the cuda-executor files' approximation; llama.cpp's: fattn_vec_geometry
         q, k = node.srcs[0], node.srcs[1]
         n_head, n_kv = q.shape[-2], k.shape[0]
@@ -282,9 +281,8 @@ def fattn_combine_values(node: Node, sm_count: int) -> int:
     """The partial values one block of llama.cpp's merge pass (``is_attn_combine``) reads: the
     attention's ``parallel_blocks`` splits (``fattn_vec_parallel``) of ``head_dim`` values. A block
     merges one head, the heads' blocks run side by side, so this, not the bytes of all heads, sets
-    its time: 1.60 and 1.57 us at llama-3.2-1b's 8 x 64 and llama-3.1-8b's 4 x 128 values (512 keys),
-    1.83 and 2.05 us at their 16 x 64 and 12 x 128 (32768 keys), H200 CUDA-graph captures less CUPTI's
-    154 ns (data/traces/llamacpp/h200_captures)."""
+    its time (the captures at 512 and 32768 keys: data/bench/llamacpp_knob_noise_h200_s33.md,
+    session 38)."""
     p = node.params
     hd = int(p["head_dim"])
     return fattn_vec_parallel(int(p["heads"]), int(p["keys"]), hd, sm_count) * hd

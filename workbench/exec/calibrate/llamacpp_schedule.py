@@ -129,7 +129,8 @@ def attention_passes(graph: Graph) -> Graph:
     (data/traces/llamacpp/). The partials are sized at the fewest splits llama.cpp makes (the
     blocks an SM holds, at most a split per tile; it raises them to fill the last wave of the
     GPU's SMs, which the schedule does not know): the merge reads a few KiB, and its time follows
-    the splits it walks (``cost.fattn_combine_values``, the fit's per-unit term)."""
+    the partial values a block of it merges (``cost.fattn_combine_values``, the fit's per-unit
+    term), which the cost model counts at the GPU's own split."""
     nodes: list[Node] = []
     for n in graph.nodes:
         if n.op != "FLASH_ATTN_EXT":
