@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -31,19 +30,11 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from graph_step_probe import SRC, probe_environment  # noqa: E402  (its k_read: a grid-stride read)
+
 GIB = 1 << 30
 FOOTPRINTS_GIB = (0.5, 1, 2, 4, 8, 16, 32, 64)
 SLICES_MIB = (4, 32)
-SRC = r"""
-extern "C" __global__ void k_read(const float4* __restrict__ p, float* out, long long n) {
-    float s = 0.f;
-    const long long step = (long long)gridDim.x * blockDim.x;
-    for (long long j = blockIdx.x * (long long)blockDim.x + threadIdx.x; j < n; j += step) {
-        float4 v = p[j]; s += v.x + v.y + v.z + v.w;
-    }
-    if (s == 1234.5f) out[0] = s;
-}
-"""
 
 
 def measure(cp: Any, reps: int, blocks: int) -> list[dict[str, Any]]:
@@ -95,11 +86,8 @@ def main() -> int:
 
     cp, _ = require_cupy()
     rows = measure(cp, args.reps, args.blocks)
-    env = {"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-           "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion(),
-           "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d")}
-    args.out.write_text(json.dumps({"environment": env, "reps": args.reps, "blocks": args.blocks, "rows": rows},
-                                   indent=1) + "\n")
+    data = {"environment": probe_environment(cp), "reps": args.reps, "blocks": args.blocks, "rows": rows}
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 

@@ -160,6 +160,13 @@ def markdown(data: dict[str, Any]) -> str:
         to_markdown(gap.join(dur).round(0).reset_index()), ""])
 
 
+def probe_environment(cp: Any) -> dict[str, Any]:
+    """The GPU, driver, CUDA runtime, CuPy and date the probes of this folder record."""
+    return {"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
+            "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion(),
+            "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d")}
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--out", type=Path, required=True, help="JSON of the measured rows")
@@ -170,10 +177,7 @@ def main() -> int:
 
     cp, _ = require_cupy()
     rows = untraced(cp, args.reps) + traced(cp, max(3, args.reps // 4))
-    env = {"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-           "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion(),
-           "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d")}
-    data = {"environment": env, "reps": args.reps, "nodes": list(NODES), "rows": rows}
+    data = {"environment": probe_environment(cp), "reps": args.reps, "nodes": list(NODES), "rows": rows}
     args.out.write_text(json.dumps(data, indent=1) + "\n")
     if args.md:
         args.md.write_text(markdown(data))

@@ -20,7 +20,6 @@ import argparse
 import ctypes
 import json
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +27,8 @@ import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
+
+from graph_step_probe import probe_environment  # noqa: E402
 
 NODES = (32, 128, 512, 1024, 2048)
 #: floats in the by-value parameter block (4 B, 256 B, 1 KiB, 4000 B: under the 4 KiB classic limit)
@@ -85,10 +86,8 @@ def main() -> int:
 
     cp, _ = require_cupy()
     rows = measure(cp, args.reps)
-    env = {"gpu": cp.cuda.runtime.getDeviceProperties(0)["name"].decode(),
-           "driver": cp.cuda.runtime.driverGetVersion(), "runtime": cp.cuda.runtime.runtimeGetVersion(),
-           "cupy": cp.__version__, "date": time.strftime("%Y-%m-%d")}
-    args.out.write_text(json.dumps({"environment": env, "reps": args.reps, "rows": rows}, indent=1) + "\n")
+    data = {"environment": probe_environment(cp), "reps": args.reps, "rows": rows}
+    args.out.write_text(json.dumps(data, indent=1) + "\n")
     return 0
 
 

@@ -28,7 +28,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from footprint_probe import SRC  # noqa: E402
+from graph_step_probe import SRC  # noqa: E402  (its k_read: a grid-stride read)
 
 QUERY = "temperature.gpu,temperature.memory,clocks.sm,clocks.mem,power.draw"
 
